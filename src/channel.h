@@ -1,0 +1,62 @@
+/* channel: per-channel state of a session: content order, consumers, tag maps. */
+#ifndef ACEMQ_CHANNEL_H
+#define ACEMQ_CHANNEL_H
+
+#include "tagmap.h"
+
+#include <stdint.h>
+
+struct pipe_msg;
+
+/* Direction of travel, also the index of per-direction state. */
+enum chan_dir { DIR_TO_BROKER = 0, DIR_TO_CLIENT = 1 };
+
+enum chan_expect { EXPECT_METHOD, EXPECT_HEADER, EXPECT_BODY };
+
+struct chan_content {
+	uint8_t expect;
+	uint16_t class_id;
+	uint64_t remaining; /* body bytes still to come */
+	struct pipe_msg *msg; /* being assembled for a hook, or NULL */
+	int skip;           /* content of a message the proxy drops */
+};
+
+struct chan_consumer {
+	char *tag;
+	int no_ack;
+};
+
+struct channel {
+	uint16_t id;
+	struct chan_content content[2];
+	struct tagmap tags;
+	struct confirmmap confirms;
+	int confirm_mode;
+	int proxy_closing;  /* the proxy sent channel.close to both sides */
+	int get_no_ack;     /* no_ack of the basic.get awaiting its answer */
+	int consume_no_ack; /* no_ack of a basic.consume awaiting consume-ok */
+	struct chan_consumer *consumers;
+	int nconsumers;
+	void *hook_state[4]; /* one slot per attached hook */
+};
+
+struct channel *channel_new(uint16_t id);
+void channel_free(struct channel *ch);
+void channel_reset(struct channel *ch);
+
+/* Track a consumer (consume-ok gives the final tag), and look one up. */
+int channel_consumer_add(struct channel *ch, const char *tag, size_t len,
+			 int no_ack);
+void channel_consumer_remove(struct channel *ch, const char *tag, size_t len);
+int channel_consumer_no_ack(const struct channel *ch, const char *tag,
+			    size_t len);
+
+/* Content order: returns 0, or the reply code for an out-of-order frame. */
+int channel_content_method(struct channel *ch, enum chan_dir dir, int has_content,
+			   const char **why);
+int channel_content_header(struct channel *ch, enum chan_dir dir,
+			   uint16_t class_id, uint64_t body_size, const char **why);
+int channel_content_body(struct channel *ch, enum chan_dir dir, uint32_t size,
+			 const char **why);
+
+#endif

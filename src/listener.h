@@ -1,0 +1,14 @@
+/* listener: the client-facing sockets, handing accepted connections to workers. */
+#ifndef ACEMQ_LISTENER_H
+#define ACEMQ_LISTENER_H
+
+struct event_base;
+struct worker;
+
+/* Bind every address; 0, or -1 with the reason logged. */
+int listener_open(struct event_base *base, char *const *addrs, int naddrs,
+		  struct worker *workers, int nworkers, long max_connections);
+/* Stop accepting (sockets are closed). */
+void listener_close(void);
+
+#endif

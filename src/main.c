@@ -1,0 +1,164 @@
+/* main: start-up, signals and shutdown of the acemq-proxy daemon. */
+#include "admin.h"
+#include "config.h"
+#include "hooks.h"
+#include "listener.h"
+#include "log.h"
+#include "worker.h"
+
+#include "build_config.h"
+
+#include <event2/event.h>
+#include <event2/thread.h>
+#include <netdb.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+static struct worker *main_workers;
+static int main_nworkers;
+static int main_stopping;
+
+static void main_stop_cb(evutil_socket_t sig, short what, void *arg)
+{
+	struct event_base *base = arg;
+	int i;
+
+	if (main_stopping) {
+		log_info("second signal: exiting now");
+		exit(1);
+	}
+	main_stopping = 1;
+	log_info("signal %d: no longer accepting; draining for up to %ld ms", (int)sig,
+		 worker_settings.drain_timeout_ms);
+	listener_close();
+	admin_close();
+	for (i = 0; i < main_nworkers; i++)
+		worker_drain(&main_workers[i]);
+	event_base_loopexit(base, NULL);
+}
+
+static void main_hup_cb(evutil_socket_t sig, short what, void *arg)
+{
+	log_info("SIGHUP: no rules to reload");
+}
+
+static int main_resolve_upstream(const char *addr)
+{
+	struct addrinfo hints, *res = NULL;
+	char host[256], port[16];
+	int p;
+
+	if (config_addr_split(addr, host, sizeof(host), &p) != 0)
+		return -1;
+	snprintf(port, sizeof(port), "%d", p);
+	memset(&hints, 0, sizeof(hints));
+	hints.ai_socktype = SOCK_STREAM;
+	if (getaddrinfo(host, port, &hints, &res) != 0 || res == NULL) {
+		fprintf(stderr, "upstream: cannot resolve %s\n", addr);
+		return -1;
+	}
+	memcpy(&worker_settings.upstream, res->ai_addr, res->ai_addrlen);
+	worker_settings.upstream_len = (int)res->ai_addrlen;
+	snprintf(worker_settings.upstream_name, sizeof(worker_settings.upstream_name),
+		 "%s", addr);
+	freeaddrinfo(res);
+	return 0;
+}
+
+static void main_raise_nofile(void)
+{
+	struct rlimit rl;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max;
+		setrlimit(RLIMIT_NOFILE, &rl);
+	}
+}
+
+int main(int argc, char **argv)
+{
+	struct config cfg;
+	struct event_base *base;
+	struct event *sigterm, *sigint, *sighup;
+	int nerr, i;
+	long workers;
+
+	nerr = config_load(&cfg, argc, argv, stderr);
+	if (nerr == 0 && main_resolve_upstream(config_str(&cfg, CFG_UPSTREAM)) != 0)
+		nerr++;
+	if (cfg.check_only) {
+		if (nerr)
+			fprintf(stderr, "%d error%s in the configuration\n", nerr,
+				nerr == 1 ? "" : "s");
+		else
+			printf("configuration ok\n");
+		config_free(&cfg);
+		return nerr ? 1 : 0;
+	}
+	if (nerr) {
+		fprintf(stderr, "%d error%s in the configuration; not starting\n", nerr,
+			nerr == 1 ? "" : "s");
+		config_free(&cfg);
+		return 1;
+	}
+	log_threshold = (enum log_level)config_num(&cfg, CFG_LOG_LEVEL);
+	worker_settings.connect_timeout_ms = config_num(&cfg, CFG_CONNECT_TIMEOUT_MS);
+	worker_settings.handshake_timeout_ms = config_num(&cfg, CFG_HANDSHAKE_TIMEOUT_MS);
+	worker_settings.drain_timeout_ms = config_num(&cfg, CFG_DRAIN_TIMEOUT_MS);
+	worker_settings.buffer_limit = config_num(&cfg, CFG_BUFFER_LIMIT);
+	worker_settings.max_frame_pre_tune = config_num(&cfg, CFG_MAX_FRAME_PRE_TUNE);
+	worker_settings.max_message_size = config_num(&cfg, CFG_MAX_MESSAGE_SIZE);
+
+	signal(SIGPIPE, SIG_IGN);
+	main_raise_nofile();
+	evthread_use_pthreads();
+	hooks_register();
+
+	workers = config_num(&cfg, CFG_WORKERS);
+	if (workers == 0)
+		workers = sysconf(_SC_NPROCESSORS_ONLN);
+	if (workers < 1)
+		workers = 1;
+	main_nworkers = (int)workers;
+	main_workers = calloc((size_t)main_nworkers, sizeof(*main_workers));
+	for (i = 0; i < main_nworkers; i++) {
+		if (worker_start(&main_workers[i], i) != 0) {
+			log_error("cannot start worker %d", i);
+			return 1;
+		}
+	}
+	base = event_base_new();
+	if (listener_open(base, cfg.v[CFG_LISTEN].list, cfg.v[CFG_LISTEN].nlist,
+			  main_workers, main_nworkers,
+			  config_num(&cfg, CFG_MAX_CONNECTIONS)) != 0)
+		return 1;
+	if (config_str(&cfg, CFG_ADMIN)[0] &&
+	    admin_open(base, config_str(&cfg, CFG_ADMIN), &cfg, main_workers,
+		       main_nworkers) != 0)
+		return 1;
+	sigterm = evsignal_new(base, SIGTERM, main_stop_cb, base);
+	sigint = evsignal_new(base, SIGINT, main_stop_cb, base);
+	sighup = evsignal_new(base, SIGHUP, main_hup_cb, base);
+	evsignal_add(sigterm, NULL);
+	evsignal_add(sigint, NULL);
+	evsignal_add(sighup, NULL);
+	log_info("acemq-proxy %s: %d workers, upstream %s", PACKAGE_VERSION, main_nworkers,
+		 worker_settings.upstream_name);
+
+	event_base_dispatch(base);
+
+	for (i = 0; i < main_nworkers; i++)
+		worker_join(&main_workers[i]);
+	log_info("stopped");
+	event_free(sigterm);
+	event_free(sigint);
+	event_free(sighup);
+	event_base_free(base);
+	free(main_workers);
+	config_free(&cfg);
+	return 0;
+}

@@ -1,0 +1,311 @@
+/* pipeline: the hook point where patterns see, rewrite, swallow or hold
+ * whole messages, and the assembly of the messages they asked for. */
+#include "pipeline.h"
+
+#include "../amqp/content.h"
+#include "../amqp/frame_scan.h"
+#include "../amqp/method.h"
+#include "log.h"
+#include "session.h"
+#include "worker.h"
+
+#include <event2/buffer.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const struct pipe_hook *pipeline_hooks[PIPELINE_MAX_HOOKS];
+static int pipeline_nhooks;
+
+void pipeline_register(const struct pipe_hook *hook)
+{
+	if (pipeline_nhooks < PIPELINE_MAX_HOOKS)
+		pipeline_hooks[pipeline_nhooks++] = hook;
+}
+
+int pipeline_attach(struct session *s)
+{
+	int i;
+
+	pipeline_detach(s);
+	for (i = 0; i < pipeline_nhooks; i++) {
+		void *st = pipeline_hooks[i]->attach(s);
+
+		if (st != NULL) {
+			s->hooks[s->nhooks] = pipeline_hooks[i];
+			s->hook_state[s->nhooks++] = st;
+		}
+	}
+	return s->nhooks;
+}
+
+void pipeline_detach(struct session *s)
+{
+	int i;
+
+	for (i = 0; i < s->nhooks; i++)
+		if (s->hooks[i]->detach)
+			s->hooks[i]->detach(s->hook_state[i]);
+	s->nhooks = 0;
+}
+
+struct pipe_msg *pipe_msg_new(enum pipe_kind kind, uint16_t channel)
+{
+	struct pipe_msg *m = calloc(1, sizeof(*m));
+
+	if (m == NULL)
+		return NULL;
+	m->kind = kind;
+	m->channel = channel;
+	init_amqp_pool(&m->pool, 4096);
+	m->raw = evbuffer_new();
+	if (m->raw == NULL) {
+		pipe_msg_free(m);
+		return NULL;
+	}
+	return m;
+}
+
+void pipe_msg_free(struct pipe_msg *m)
+{
+	if (m == NULL)
+		return;
+	empty_amqp_pool(&m->pool);
+	if (m->raw)
+		evbuffer_free(m->raw);
+	if (m->body)
+		evbuffer_free(m->body);
+	free(m);
+}
+
+int pipeline_wants(struct session *s, struct channel *ch, enum pipe_kind kind,
+		   amqp_method_number_t id, void *method)
+{
+	int i, want = 0;
+
+	for (i = 0; i < s->nhooks; i++)
+		if (s->hooks[i]->wants)
+			want |= s->hooks[i]->wants(s->hook_state[i], s, ch, kind, id,
+						   method);
+	return want;
+}
+
+/* Copy a body frame's payload (at the end of raw) into m->body. */
+static int pipeline_copy_body(struct pipe_msg *m, size_t frame_len)
+{
+	static _Thread_local uint8_t chunk[16384];
+	struct evbuffer_ptr pos;
+	size_t off = evbuffer_get_length(m->raw) - frame_len + FRAME_HEADER_SIZE;
+	size_t left = frame_len - FRAME_OVERHEAD;
+
+	if (m->body == NULL && (m->body = evbuffer_new()) == NULL)
+		return -1;
+	while (left > 0) {
+		size_t n = left < sizeof(chunk) ? left : sizeof(chunk);
+
+		if (evbuffer_ptr_set(m->raw, &pos, off, EVBUFFER_PTR_SET) != 0 ||
+		    evbuffer_copyout_from(m->raw, &pos, chunk, n) != (ev_ssize_t)n ||
+		    evbuffer_add(m->body, chunk, n) != 0)
+			return -1;
+		off += n;
+		left -= n;
+	}
+	return 0;
+}
+
+int pipeline_collect(struct session *s, struct channel *ch, struct pipe_msg *m,
+		     struct evbuffer *in, size_t frame_len, int frame_type)
+{
+	amqp_method_number_t id;
+	unsigned char *p;
+	uint16_t cls;
+
+	if (evbuffer_get_length(m->raw) + frame_len >
+	    (size_t)worker_settings.max_message_size + 65536)
+		return -1;
+	if (evbuffer_remove_buffer(in, m->raw, frame_len) != (int)frame_len)
+		return -1;
+	switch (frame_type) {
+	case FRAME_METHOD:
+		m->raw_method_len = frame_len;
+		return method_decode_evbuffer(m->raw, frame_len - FRAME_OVERHEAD,
+					      &m->pool, &m->method_id, &m->method) == 0
+			       ? 0
+			       : -1;
+	case FRAME_HEADER:
+		m->raw_header_len = frame_len;
+		p = evbuffer_pullup(m->raw, (ev_ssize_t)evbuffer_get_length(m->raw));
+		if (p == NULL)
+			return -1;
+		p += m->raw_method_len + FRAME_HEADER_SIZE;
+		content_header_peek(p, &cls, &m->body_size);
+		if (m->body_size > (uint64_t)worker_settings.max_message_size)
+			return -1;
+		return content_props_decode(p, frame_len - FRAME_OVERHEAD, &m->pool,
+					    &m->props) == 0
+			       ? 0
+			       : -1;
+	default:
+		if (m->want & PIPE_WANT_BODY)
+			return pipeline_copy_body(m, frame_len);
+		return 0;
+	}
+	(void)s;
+	(void)ch;
+	(void)id;
+}
+
+/* Write a message out, re-encoding only the parts a hook changed. */
+static int pipeline_emit(struct session *s, struct pipe_msg *m, struct evbuffer *out)
+{
+	struct evbuffer *raw = m->raw;
+	uint64_t size = m->body_size;
+	int rc = 0;
+
+	if (m->method_dirty) {
+		evbuffer_drain(raw, m->raw_method_len);
+		rc |= method_write(out, m->channel, m->method_id, m->method);
+	} else {
+		evbuffer_remove_buffer(raw, out, m->raw_method_len);
+	}
+	if (m->body_dirty)
+		size = m->body ? evbuffer_get_length(m->body) : 0;
+	if (m->props_dirty || m->body_dirty) {
+		evbuffer_drain(raw, m->raw_header_len);
+		rc |= content_header_write(out, m->channel, AMQP_BASIC_CLASS, size, m->props);
+	} else {
+		evbuffer_remove_buffer(raw, out, m->raw_header_len);
+	}
+	if (m->body_dirty) {
+		evbuffer_drain(raw, evbuffer_get_length(raw));
+		if (m->body)
+			rc |= content_body_write(out, m->channel, m->body, s->frame_max);
+	} else {
+		evbuffer_add_buffer(out, raw);
+	}
+	return rc ? -1 : 0;
+}
+
+static uint64_t *pipeline_tag_of(struct pipe_msg *m)
+{
+	if (m->method_id == AMQP_BASIC_DELIVER_METHOD)
+		return &((amqp_basic_deliver_t *)m->method)->delivery_tag;
+	if (m->method_id == AMQP_BASIC_GET_OK_METHOD)
+		return &((amqp_basic_get_ok_t *)m->method)->delivery_tag;
+	return NULL;
+}
+
+/* A delivery goes to the client with its client-side tag. */
+static int pipeline_deliver(struct session *s, struct channel *ch, struct pipe_msg *m)
+{
+	uint64_t *tagp = pipeline_tag_of(m);
+	uint64_t client;
+	int rc;
+
+	if (tagp) {
+		client = tagmap_deliver(&ch->tags, m->broker_tag, !m->no_ack);
+		if (client != *tagp) {
+			*tagp = client;
+			m->method_dirty = 1;
+		}
+	}
+	rc = pipeline_emit(s, m, session_out(s, DIR_TO_CLIENT));
+	pipe_msg_free(m);
+	return rc;
+}
+
+static void pipeline_settle_upstream(struct session *s, struct channel *ch,
+				     struct pipe_msg *m)
+{
+	if (!m->no_ack)
+		method_write_basic_ack(session_out(s, DIR_TO_BROKER), ch->id,
+				       m->broker_tag, 0);
+}
+
+int pipeline_complete(struct session *s, struct channel *ch, struct pipe_msg *m)
+{
+	enum pipe_verdict v = PIPE_PASS;
+	int i;
+
+	if ((m->want & PIPE_WANT_BODY) && m->body == NULL)
+		m->body = evbuffer_new();
+	for (i = 0; i < s->nhooks && v == PIPE_PASS; i++)
+		if (s->hooks[i]->message)
+			v = s->hooks[i]->message(s->hook_state[i], s, ch, m);
+
+	if (m->kind == PIPE_PUBLISH) {
+		if (v == PIPE_ANSWER) {
+			s->w->stats.publishes_answered++;
+			if (ch->confirm_mode)
+				method_write_basic_ack(session_out(s, DIR_TO_CLIENT), ch->id,
+						       confirmmap_answer(&ch->confirms), 0);
+			pipe_msg_free(m);
+			return 0;
+		}
+		if (ch->confirm_mode)
+			confirmmap_forward(&ch->confirms);
+		i = pipeline_emit(s, m, session_out(s, DIR_TO_BROKER));
+		pipe_msg_free(m);
+		return i;
+	}
+	switch (v) {
+	case PIPE_SWALLOW:
+		s->w->stats.messages_swallowed++;
+		if (m->kind != PIPE_RETURN)
+			pipeline_settle_upstream(s, ch, m);
+		if (m->kind == PIPE_GET_OK) {
+			amqp_basic_get_empty_t e = { amqp_empty_bytes };
+
+			method_write(session_out(s, DIR_TO_CLIENT), ch->id,
+				     AMQP_BASIC_GET_EMPTY_METHOD, &e);
+		}
+		pipe_msg_free(m);
+		return 0;
+	case PIPE_HOLD:
+		if (tagmap_hold(&ch->tags, m->broker_tag) != 0) {
+			pipe_msg_free(m);
+			return -1;
+		}
+		return 0;
+	default:
+		return pipeline_deliver(s, ch, m);
+	}
+}
+
+int pipeline_release(struct session *s, struct channel *ch, struct pipe_msg *m)
+{
+	tagmap_unhold(&ch->tags, m->broker_tag);
+	return pipeline_deliver(s, ch, m);
+}
+
+int pipeline_requeue(struct session *s, struct channel *ch, struct pipe_msg *m,
+		     int requeue)
+{
+	tagmap_unhold(&ch->tags, m->broker_tag);
+	if (!m->no_ack) {
+		amqp_basic_nack_t n = { m->broker_tag, 0, (amqp_boolean_t)requeue };
+
+		method_write(session_out(s, DIR_TO_BROKER), ch->id,
+			     AMQP_BASIC_NACK_METHOD, &n);
+	}
+	pipe_msg_free(m);
+	return 0;
+}
+
+void pipeline_settled(struct session *s, struct channel *ch,
+		      amqp_method_number_t how, uint64_t broker_tag)
+{
+	int i;
+
+	for (i = 0; i < s->nhooks; i++)
+		if (s->hooks[i]->settle)
+			s->hooks[i]->settle(s->hook_state[i], s, ch, how, broker_tag);
+}
+
+void pipeline_channel_closed(struct session *s, struct channel *ch)
+{
+	int i;
+
+	for (i = 0; i < s->nhooks; i++)
+		if (s->hooks[i]->channel_closed)
+			s->hooks[i]->channel_closed(s->hook_state[i], s, ch);
+}

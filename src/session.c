@@ -1,0 +1,1114 @@
+/* session: one client connection and its broker connection, the frames
+ * between them, and the state of the pair. */
+#include "session.h"
+
+#include "../amqp/content.h"
+#include "../amqp/frame_scan.h"
+#include "../amqp/method.h"
+#include "log.h"
+#include "worker.h"
+
+#include <errno.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <arpa/inet.h>
+
+#define REPLY_CONNECTION_FORCED 320
+#define REPLY_FRAME_ERROR 501
+#define REPLY_SYNTAX_ERROR 502
+#define REPLY_CHANNEL_ERROR 504
+#define REPLY_UNEXPECTED_FRAME 505
+#define REPLY_PRECONDITION_FAILED 406
+#define REPLY_NOT_ALLOWED 530
+#define SESSION_CLOSE_WAIT_MS 2000
+#define SESSION_FRAME_MAX_UNLIMITED (128u * 1024u * 1024u)
+
+static const uint8_t session_amqp_header[8] = { 'A', 'M', 'Q', 'P', 0, 0, 9, 1 };
+static atomic_ullong session_next_id;
+
+static void session_read_cb(struct bufferevent *bev, void *arg);
+static void session_write_cb(struct bufferevent *bev, void *arg);
+static void session_event_cb(struct bufferevent *bev, short what, void *arg);
+static int session_pump(struct session *s, struct leg *from);
+
+static struct leg *session_other(struct session *s, struct leg *l)
+{
+	return l == &s->client ? &s->upstream : &s->client;
+}
+
+static const char *session_leg_name(struct session *s, struct leg *l)
+{
+	return l == &s->client ? "client" : "broker";
+}
+
+struct evbuffer *session_out(struct session *s, enum chan_dir dir)
+{
+	struct leg *to = dir == DIR_TO_BROKER ? &s->upstream : &s->client;
+
+	return to->bev ? bufferevent_get_output(to->bev) : NULL;
+}
+
+struct channel *session_channel(struct session *s, uint16_t id)
+{
+	if (id >= s->nchans) {
+		uint32_t n = s->nchans ? s->nchans : 4;
+		struct channel **nc;
+
+		while (n <= id)
+			n *= 2;
+		if (n > 65536)
+			n = 65536;
+		nc = realloc(s->chans, n * sizeof(*nc));
+		if (nc == NULL)
+			return NULL;
+		memset(nc + s->nchans, 0, (n - s->nchans) * sizeof(*nc));
+		s->chans = nc;
+		s->nchans = n;
+	}
+	if (s->chans[id] == NULL)
+		s->chans[id] = channel_new(id);
+	return s->chans[id];
+}
+
+/* The one place a session is torn down. */
+static void session_free(struct session *s)
+{
+	uint32_t i;
+
+	session_log(s, LOG_INFO, "closed");
+	pipeline_detach(s);
+	for (i = 0; i < s->nchans; i++)
+		channel_free(s->chans[i]);
+	free(s->chans);
+	if (s->client.bev)
+		bufferevent_free(s->client.bev);
+	if (s->upstream.bev)
+		bufferevent_free(s->upstream.bev);
+	if (s->timer)
+		event_free(s->timer);
+	s->w->stats.connections_closed++;
+	worker_session_remove(s->w, s);
+	free(s);
+}
+
+static void session_timer_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct session *s = arg;
+
+	switch (s->state) {
+	case SESSION_CONNECTING:
+		session_log(s, LOG_WARNING, "broker %s not reached within %ld ms",
+			    worker_settings.upstream_name,
+			    worker_settings.connect_timeout_ms);
+		s->w->stats.upstream_failures++;
+		session_free(s);
+		return;
+	case SESSION_CLOSING:
+	case SESSION_FLUSHING:
+		session_free(s);
+		return;
+	default:
+		session_log(s, LOG_WARNING, "handshake not finished within %ld ms",
+			    worker_settings.handshake_timeout_ms);
+		session_free(s);
+		return;
+	}
+}
+
+static void session_timer_set(struct session *s, long ms)
+{
+	struct timeval tv = { ms / 1000, (ms % 1000) * 1000 };
+
+	evtimer_add(s->timer, &tv);
+}
+
+/* The one place the state changes. */
+static void session_set_state(struct session *s, enum session_state st)
+{
+	s->state = st;
+	switch (st) {
+	case SESSION_CONNECTING:
+		session_timer_set(s, worker_settings.connect_timeout_ms);
+		break;
+	case SESSION_HANDSHAKE:
+		session_timer_set(s, worker_settings.handshake_timeout_ms);
+		break;
+	case SESSION_OPEN:
+		evtimer_del(s->timer);
+		break;
+	case SESSION_CLOSING:
+	case SESSION_FLUSHING:
+		session_timer_set(s, SESSION_CLOSE_WAIT_MS);
+		break;
+	case SESSION_HEADER:
+		break;
+	}
+}
+
+/* Free a leg's socket once what is queued for it has been written. */
+static void session_leg_finish(struct session *s, struct leg *l)
+{
+	if (l->bev == NULL)
+		return;
+	bufferevent_disable(l->bev, EV_READ);
+	if (l->eof || evbuffer_get_length(bufferevent_get_output(l->bev)) == 0) {
+		bufferevent_free(l->bev);
+		l->bev = NULL;
+	} else {
+		bufferevent_setwatermark(l->bev, EV_WRITE, 0, 0);
+	}
+}
+
+/* Both legs are gone or going: free when they are. Returns 1 if freed. */
+static int session_reap(struct session *s)
+{
+	if (s->client.bev == NULL && s->upstream.bev == NULL) {
+		session_free(s);
+		return 1;
+	}
+	return 0;
+}
+
+static void session_flush_and_go(struct session *s)
+{
+	if (s->state != SESSION_FLUSHING)
+		session_set_state(s, SESSION_FLUSHING);
+	session_leg_finish(s, &s->client);
+	session_leg_finish(s, &s->upstream);
+	session_reap(s);
+}
+
+void session_close(struct session *s, uint16_t code, const char *text)
+{
+	struct evbuffer *out;
+
+	if (s->state == SESSION_CLOSING || s->state == SESSION_FLUSHING)
+		return;
+	s->client.done = 1;
+	s->upstream.done = 1;
+	if (s->client.bev && !s->client.eof && s->started) {
+		out = bufferevent_get_output(s->client.bev);
+		method_write_connection_close(out, code, text, 0, 0);
+		s->client.done = 0;
+	}
+	if (s->upstream.bev && !s->upstream.eof && s->state >= SESSION_OPEN) {
+		out = bufferevent_get_output(s->upstream.bev);
+		method_write_connection_close(out, REPLY_CONNECTION_FORCED,
+					      "CONNECTION_FORCED - client closed by proxy",
+					      0, 0);
+		s->upstream.done = 0;
+	}
+	session_set_state(s, SESSION_CLOSING);
+	if (s->client.done)
+		session_leg_finish(s, &s->client);
+	if (s->upstream.done)
+		session_leg_finish(s, &s->upstream);
+	session_reap(s);
+}
+
+/* A frame from the client broke the protocol. */
+static void session_protocol_error(struct session *s, uint16_t code,
+				   const char *why, uint16_t class_id,
+				   uint16_t method_id)
+{
+	char text[256];
+
+	if (!s->logged_error) {
+		session_log(s, LOG_WARNING, "protocol error %u: %s", code, why);
+		s->logged_error = 1;
+	}
+	s->w->stats.protocol_errors++;
+	snprintf(text, sizeof(text), "%s - %s",
+		 code == REPLY_FRAME_ERROR	 ? "FRAME_ERROR"
+		 : code == REPLY_UNEXPECTED_FRAME ? "UNEXPECTED_FRAME"
+		 : code == REPLY_CHANNEL_ERROR	 ? "CHANNEL_ERROR"
+		 : code == REPLY_SYNTAX_ERROR	 ? "SYNTAX_ERROR"
+						 : "COMMAND_INVALID",
+		 why);
+	if (s->client.bev && s->started) {
+		method_write_connection_close(bufferevent_get_output(s->client.bev),
+					      code, text, class_id, method_id);
+	}
+	s->started = 0; /* the close is written: session_close adds none */
+	session_close(s, code, text);
+}
+
+static void session_leg_setup(struct session *s, struct leg *l,
+			      struct bufferevent *bev, enum chan_dir dir)
+{
+	l->bev = bev;
+	l->s = s;
+	l->dir = dir;
+	bufferevent_setcb(bev, session_read_cb, session_write_cb, session_event_cb, l);
+	bufferevent_setwatermark(bev, EV_READ, 0, (size_t)worker_settings.buffer_limit);
+	bufferevent_setwatermark(bev, EV_WRITE,
+				 (size_t)worker_settings.buffer_limit / 2, 0);
+}
+
+static void session_nodelay(evutil_socket_t fd)
+{
+	int one = 1;
+
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+static void session_format_peer(char *out, size_t len, const struct sockaddr *sa)
+{
+	char host[INET6_ADDRSTRLEN] = "?";
+	int port = 0;
+
+	if (sa->sa_family == AF_INET) {
+		const struct sockaddr_in *in = (const void *)sa;
+
+		inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
+		port = ntohs(in->sin_port);
+		snprintf(out, len, "%s:%d", host, port);
+	} else if (sa->sa_family == AF_INET6) {
+		const struct sockaddr_in6 *in6 = (const void *)sa;
+
+		inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
+		port = ntohs(in6->sin6_port);
+		snprintf(out, len, "[%s]:%d", host, port);
+	} else {
+		snprintf(out, len, "unix");
+	}
+}
+
+struct session *session_new(struct worker *w, int fd, const struct sockaddr *sa,
+			    int salen)
+{
+	struct session *s = calloc(1, sizeof(*s));
+	struct bufferevent *bev;
+
+	if (s == NULL) {
+		evutil_closesocket(fd);
+		return NULL;
+	}
+	s->id = ++session_next_id;
+	s->w = w;
+	session_format_peer(s->peer, sizeof(s->peer), sa);
+	s->frame_max = (uint32_t)worker_settings.max_frame_pre_tune;
+	s->timer = evtimer_new(w->base, session_timer_cb, s);
+	evutil_make_socket_nonblocking(fd);
+	session_nodelay(fd);
+	bev = bufferevent_socket_new(w->base, fd, BEV_OPT_CLOSE_ON_FREE);
+	if (bev == NULL || s->timer == NULL) {
+		if (bev)
+			bufferevent_free(bev);
+		else
+			evutil_closesocket(fd);
+		if (s->timer)
+			event_free(s->timer);
+		free(s);
+		return NULL;
+	}
+	worker_session_add(w, s);
+	w->stats.connections_accepted++;
+	session_leg_setup(s, &s->client, bev, DIR_TO_BROKER);
+	session_set_state(s, SESSION_HEADER);
+	session_timer_set(s, worker_settings.handshake_timeout_ms);
+	bufferevent_enable(bev, EV_READ | EV_WRITE);
+	session_log(s, LOG_DEBUG, "accepted");
+	return s;
+}
+
+static int session_connect_upstream(struct session *s)
+{
+	struct bufferevent *bev =
+		bufferevent_socket_new(s->w->base, -1, BEV_OPT_CLOSE_ON_FREE);
+
+	if (bev == NULL)
+		return -1;
+	session_leg_setup(s, &s->upstream, bev, DIR_TO_CLIENT);
+	session_set_state(s, SESSION_CONNECTING);
+	/* The header is queued now and sent once connected. */
+	evbuffer_add(bufferevent_get_output(bev), session_amqp_header,
+		     sizeof(session_amqp_header));
+	if (bufferevent_socket_connect(bev, (struct sockaddr *)&worker_settings.upstream,
+				       worker_settings.upstream_len) != 0) {
+		session_log(s, LOG_WARNING, "cannot connect to broker %s: %s",
+			    worker_settings.upstream_name, strerror(errno));
+		s->w->stats.upstream_failures++;
+		return -1;
+	}
+	bufferevent_enable(bev, EV_READ | EV_WRITE);
+	return 0;
+}
+
+/* The client's protocol header. Returns 0 to go on, -1 if s is gone. */
+static int session_header(struct session *s)
+{
+	struct evbuffer *in = bufferevent_get_input(s->client.bev);
+	uint8_t hdr[8];
+
+	if (evbuffer_get_length(in) < sizeof(hdr))
+		return 1;
+	evbuffer_copyout(in, hdr, sizeof(hdr));
+	if (memcmp(hdr, session_amqp_header, sizeof(hdr)) != 0) {
+		session_log(s, LOG_WARNING, "not an AMQP 0-9-1 protocol header");
+		s->w->stats.connections_refused++;
+		evbuffer_add(bufferevent_get_output(s->client.bev),
+			     session_amqp_header, sizeof(session_amqp_header));
+		s->client.done = 1;
+		session_flush_and_go(s);
+		return -1;
+	}
+	evbuffer_drain(in, sizeof(hdr));
+	if (session_connect_upstream(s) != 0) {
+		session_free(s);
+		return -1;
+	}
+	return 0;
+}
+
+/* ---- frames the proxy looks at ---------------------------------------- */
+
+static void session_tuned(struct session *s, const amqp_connection_tune_ok_t *t)
+{
+	struct timeval tv;
+	size_t room;
+
+	s->channel_max = t->channel_max ? t->channel_max : 65535;
+	s->frame_max = t->frame_max ? t->frame_max
+		       : s->broker_frame_max ? s->broker_frame_max
+					     : SESSION_FRAME_MAX_UNLIMITED;
+	s->heartbeat = t->heartbeat;
+	room = (size_t)s->frame_max + 4096;
+	if (room < (size_t)worker_settings.buffer_limit)
+		room = (size_t)worker_settings.buffer_limit;
+	bufferevent_setwatermark(s->client.bev, EV_READ, 0, room);
+	if (s->upstream.bev)
+		bufferevent_setwatermark(s->upstream.bev, EV_READ, 0, room);
+	if (s->heartbeat) {
+		/* A peer is dead after two missed heartbeat intervals. */
+		tv.tv_sec = 2 * (time_t)s->heartbeat;
+		tv.tv_usec = 0;
+		bufferevent_set_timeouts(s->client.bev, &tv, NULL);
+		if (s->upstream.bev)
+			bufferevent_set_timeouts(s->upstream.bev, &tv, NULL);
+	} else {
+		bufferevent_set_timeouts(s->client.bev, NULL, NULL);
+	}
+	session_set_state(s, SESSION_OPEN);
+}
+
+static void session_start_ok(struct session *s, const amqp_connection_start_ok_t *m)
+{
+	const char *resp = m->response.bytes;
+	size_t len = m->response.len, i, start;
+
+	if (m->mechanism.len == 5 && memcmp(m->mechanism.bytes, "PLAIN", 5) == 0) {
+		/* authzid NUL authcid NUL password: keep the authcid only. */
+		for (i = 0; i < len && resp[i]; i++)
+			;
+		start = i + 1;
+		for (i = start; i < len && resp[i]; i++)
+			;
+		if (start < len && i - start < sizeof(s->user))
+			snprintf(s->user, sizeof(s->user), "%.*s", (int)(i - start),
+				 resp + start);
+	} else if (m->mechanism.len) {
+		snprintf(s->user, sizeof(s->user), "(%.*s)", (int)m->mechanism.len,
+			 (const char *)m->mechanism.bytes);
+	}
+}
+
+/* Forward the frame at the front of from's input, unchanged. */
+static void session_forward(struct session *s, struct leg *from, size_t len)
+{
+	struct evbuffer *in = bufferevent_get_input(from->bev);
+	struct evbuffer *out = session_out(s, from->dir);
+
+	if (from->dir == DIR_TO_BROKER)
+		s->w->stats.bytes_to_broker += len;
+	else
+		s->w->stats.bytes_to_client += len;
+	if (out)
+		evbuffer_remove_buffer(in, out, len);
+	else
+		evbuffer_drain(in, len);
+}
+
+struct session_emit {
+	struct evbuffer *out;
+	uint16_t channel;
+	amqp_method_number_t id;
+	int requeue;
+};
+
+static void session_emit_settle(void *arg, uint64_t tag, int multiple)
+{
+	struct session_emit *e = arg;
+
+	if (e->id == AMQP_BASIC_ACK_METHOD) {
+		method_write_basic_ack(e->out, e->channel, tag, multiple);
+	} else if (e->id == AMQP_BASIC_NACK_METHOD) {
+		amqp_basic_nack_t m = { tag, (amqp_boolean_t)multiple,
+					(amqp_boolean_t)e->requeue };
+
+		method_write(e->out, e->channel, AMQP_BASIC_NACK_METHOD, &m);
+	} else {
+		amqp_basic_reject_t m = { tag, (amqp_boolean_t)e->requeue };
+
+		method_write(e->out, e->channel, AMQP_BASIC_REJECT_METHOD, &m);
+	}
+}
+
+struct session_settle_note {
+	struct session *s;
+	struct channel *ch;
+	struct session_emit e;
+};
+
+static void session_emit_settle_noted(void *arg, uint64_t tag, int multiple)
+{
+	struct session_settle_note *n = arg;
+
+	session_emit_settle(&n->e, tag, multiple);
+	pipeline_settled(n->s, n->ch, n->e.id, tag);
+}
+
+/* A client's ack, nack or reject on a channel whose tags are mapped. */
+static int session_client_settle(struct session *s, struct channel *ch,
+				 amqp_method_number_t id, void *decoded)
+{
+	struct session_settle_note n = { s, ch, { session_out(s, DIR_TO_BROKER), ch->id, id, 0 } };
+	uint64_t tag;
+	int multiple = 0;
+	char why[96];
+
+	if (id == AMQP_BASIC_ACK_METHOD) {
+		amqp_basic_ack_t *m = decoded;
+
+		tag = m->delivery_tag;
+		multiple = m->multiple;
+	} else if (id == AMQP_BASIC_NACK_METHOD) {
+		amqp_basic_nack_t *m = decoded;
+
+		tag = m->delivery_tag;
+		multiple = m->multiple;
+		n.e.requeue = m->requeue;
+	} else {
+		amqp_basic_reject_t *m = decoded;
+
+		tag = m->delivery_tag;
+		n.e.requeue = m->requeue;
+	}
+	if (tagmap_settle(&ch->tags, tag, multiple, session_emit_settle_noted, &n) != 0) {
+		/* What the broker says for a tag it does not know. */
+		snprintf(why, sizeof(why), "PRECONDITION_FAILED - unknown delivery tag %llu",
+			 (unsigned long long)tag);
+		method_write_channel_close(session_out(s, DIR_TO_CLIENT), ch->id,
+					   REPLY_PRECONDITION_FAILED, why,
+					   (uint16_t)(id >> 16), (uint16_t)id);
+		/* The broker's side of the channel is closed too; its
+		 * close-ok is dropped on the way back. */
+		method_write_channel_close(session_out(s, DIR_TO_BROKER), ch->id,
+					   REPLY_PRECONDITION_FAILED, why,
+					   (uint16_t)(id >> 16), (uint16_t)id);
+		ch->proxy_closing = 1;
+	}
+	return 0;
+}
+
+/* The broker's ack or nack of publishes on a channel with mapped confirms. */
+static void session_broker_confirm(struct session *s, struct channel *ch,
+				   amqp_method_number_t id, void *decoded)
+{
+	struct session_emit e = { session_out(s, DIR_TO_CLIENT), ch->id, id, 0 };
+	uint64_t tag;
+	int multiple;
+
+	if (id == AMQP_BASIC_ACK_METHOD) {
+		amqp_basic_ack_t *m = decoded;
+
+		tag = m->delivery_tag;
+		multiple = m->multiple;
+	} else {
+		amqp_basic_nack_t *m = decoded;
+
+		tag = m->delivery_tag;
+		multiple = m->multiple;
+		e.requeue = m->requeue;
+	}
+	if (confirmmap_settle(&ch->confirms, tag, multiple, session_emit_settle, &e) != 0)
+		session_log(s, LOG_WARNING, "broker confirmed unknown sequence %llu on channel %u",
+			    (unsigned long long)tag, ch->id);
+}
+
+/* Decide what a delivery-like method means for tags and hooks. The method
+ * frame is at the front of from's input. */
+static int session_content_method(struct session *s, struct leg *from,
+				  struct channel *ch, const struct frame_info *fi,
+				  amqp_method_number_t id, void *decoded)
+{
+	enum pipe_kind kind;
+	struct pipe_msg *m;
+	struct evbuffer *in = bufferevent_get_input(from->bev);
+	size_t len = frame_scan_wire_len(fi);
+	int want;
+
+	switch (id) {
+	case AMQP_BASIC_PUBLISH_METHOD:
+		kind = PIPE_PUBLISH;
+		break;
+	case AMQP_BASIC_DELIVER_METHOD:
+		kind = PIPE_DELIVER;
+		break;
+	case AMQP_BASIC_GET_OK_METHOD:
+		kind = PIPE_GET_OK;
+		break;
+	default:
+		kind = PIPE_RETURN;
+		break;
+	}
+	want = pipeline_wants(s, ch, kind, id, decoded);
+	if (want) {
+		m = pipe_msg_new(kind, ch->id);
+		if (m == NULL)
+			return -1;
+		m->want = want;
+		if (kind == PIPE_DELIVER) {
+			amqp_basic_deliver_t *d = decoded;
+
+			m->broker_tag = d->delivery_tag;
+			m->no_ack = channel_consumer_no_ack(ch, d->consumer_tag.bytes,
+							    d->consumer_tag.len);
+		} else if (kind == PIPE_GET_OK) {
+			m->broker_tag = ((amqp_basic_get_ok_t *)decoded)->delivery_tag;
+			m->no_ack = ch->get_no_ack;
+		}
+		ch->content[from->dir].msg = m;
+		ch->content[from->dir].expect = EXPECT_HEADER;
+		s->w->stats.messages_assembled++;
+		return pipeline_collect(s, ch, m, in, len, FRAME_METHOD);
+	}
+	/* Streams through; only the tag and confirm numbering change. */
+	if (kind == PIPE_PUBLISH) {
+		if (ch->confirm_mode)
+			confirmmap_forward(&ch->confirms);
+	} else if (kind == PIPE_DELIVER || kind == PIPE_GET_OK) {
+		uint64_t *tagp;
+		int no_ack;
+
+		if (kind == PIPE_DELIVER) {
+			amqp_basic_deliver_t *d = decoded;
+
+			tagp = &d->delivery_tag;
+			no_ack = channel_consumer_no_ack(ch, d->consumer_tag.bytes,
+							 d->consumer_tag.len);
+		} else {
+			amqp_basic_get_ok_t *g = decoded;
+
+			tagp = &g->delivery_tag;
+			no_ack = ch->get_no_ack;
+		}
+		uint64_t client = tagmap_deliver(&ch->tags, *tagp, !no_ack);
+		if (client != *tagp) {
+			*tagp = client;
+			evbuffer_drain(in, len);
+			method_write(session_out(s, DIR_TO_CLIENT), ch->id, id, decoded);
+			return 0;
+		}
+	}
+	session_forward(s, from, len);
+	return 0;
+}
+
+/* A method frame the proxy must read. It is at the front of from's input.
+ * Returns 0 to go on, -1 if the session closed. */
+static int session_method(struct session *s, struct leg *from,
+			  const struct frame_info *fi, struct channel *ch)
+{
+	struct evbuffer *in = bufferevent_get_input(from->bev);
+	size_t len = frame_scan_wire_len(fi);
+	amqp_pool_t *pool = &s->w->pool;
+	amqp_method_number_t id;
+	void *m = NULL;
+	int rc, hooks = s->nhooks > 0, to_broker = from->dir == DIR_TO_BROKER;
+
+	rc = method_decode_evbuffer(in, fi->size, pool, &id, &m);
+	if (rc != 0) {
+		recycle_amqp_pool(pool);
+		if (to_broker) {
+			session_protocol_error(s, REPLY_SYNTAX_ERROR,
+					       "method arguments do not decode",
+					       fi->class_id, fi->method_id);
+			return -1;
+		}
+		session_forward(s, from, len); /* the broker's; pass it on */
+		return 0;
+	}
+	switch (id) {
+	case AMQP_CONNECTION_START_METHOD:
+		s->started = 1;
+		session_set_state(s, SESSION_HANDSHAKE);
+		break;
+	case AMQP_CONNECTION_START_OK_METHOD:
+		session_start_ok(s, m);
+		break;
+	case AMQP_CONNECTION_TUNE_METHOD:
+		s->broker_frame_max = ((amqp_connection_tune_t *)m)->frame_max;
+		break;
+	case AMQP_CONNECTION_TUNE_OK_METHOD:
+		session_tuned(s, m);
+		break;
+	case AMQP_CONNECTION_OPEN_METHOD: {
+		amqp_connection_open_t *o = m;
+
+		snprintf(s->vhost, sizeof(s->vhost), "%.*s", (int)o->virtual_host.len,
+			 (const char *)o->virtual_host.bytes);
+		pipeline_attach(s);
+		break;
+	}
+	case AMQP_CONNECTION_OPEN_OK_METHOD:
+		session_log(s, LOG_INFO, "open frame_max=%u channel_max=%u heartbeat=%u",
+			    s->frame_max, s->channel_max, s->heartbeat);
+		break;
+	case AMQP_CONNECTION_CLOSE_METHOD:
+	case AMQP_CONNECTION_CLOSE_OK_METHOD:
+		s->close_seen = 1;
+		break;
+	case AMQP_CHANNEL_OPEN_METHOD:
+		if (ch)
+			channel_reset(ch);
+		break;
+	case AMQP_CHANNEL_CLOSE_OK_METHOD:
+		if (ch && ch->proxy_closing && !to_broker) {
+			/* The answer to the proxy's own channel.close. */
+			evbuffer_drain(in, len);
+			recycle_amqp_pool(pool);
+			ch->proxy_closing = 0;
+			return 0;
+		}
+		if (ch) {
+			pipeline_channel_closed(s, ch);
+			channel_reset(ch);
+		}
+		break;
+	case AMQP_CONFIRM_SELECT_METHOD:
+		if (ch)
+			ch->confirm_mode = 1;
+		break;
+	default:
+		break;
+	}
+	if (ch && hooks) {
+		switch (id) {
+		case AMQP_BASIC_PUBLISH_METHOD:
+		case AMQP_BASIC_DELIVER_METHOD:
+		case AMQP_BASIC_GET_OK_METHOD:
+		case AMQP_BASIC_RETURN_METHOD:
+			rc = session_content_method(s, from, ch, fi, id, m);
+			recycle_amqp_pool(pool);
+			return rc;
+		case AMQP_BASIC_ACK_METHOD:
+		case AMQP_BASIC_NACK_METHOD:
+		case AMQP_BASIC_REJECT_METHOD:
+			if (to_broker) {
+				evbuffer_drain(in, len);
+				session_client_settle(s, ch, id, m);
+				recycle_amqp_pool(pool);
+				return 0;
+			}
+			if (ch->confirm_mode) {
+				evbuffer_drain(in, len);
+				session_broker_confirm(s, ch, id, m);
+				recycle_amqp_pool(pool);
+				return 0;
+			}
+			break;
+		case AMQP_BASIC_CONSUME_METHOD: {
+			amqp_basic_consume_t *c = m;
+
+			ch->consume_no_ack = c->no_ack;
+			if (c->consumer_tag.len)
+				channel_consumer_add(ch, c->consumer_tag.bytes,
+						     c->consumer_tag.len, c->no_ack);
+			break;
+		}
+		case AMQP_BASIC_CONSUME_OK_METHOD: {
+			amqp_basic_consume_ok_t *c = m;
+
+			channel_consumer_remove(ch, c->consumer_tag.bytes, c->consumer_tag.len);
+			channel_consumer_add(ch, c->consumer_tag.bytes, c->consumer_tag.len,
+					     ch->consume_no_ack);
+			break;
+		}
+		case AMQP_BASIC_CANCEL_OK_METHOD: {
+			amqp_basic_cancel_ok_t *c = m;
+
+			channel_consumer_remove(ch, c->consumer_tag.bytes, c->consumer_tag.len);
+			break;
+		}
+		case AMQP_BASIC_GET_METHOD:
+			ch->get_no_ack = ((amqp_basic_get_t *)m)->no_ack;
+			break;
+		case AMQP_BASIC_RECOVER_METHOD:
+		case AMQP_BASIC_RECOVER_ASYNC_METHOD:
+			/* The broker redelivers everything unacked, with new tags. */
+			tagmap_reset(&ch->tags);
+			break;
+		default:
+			break;
+		}
+	}
+	recycle_amqp_pool(pool);
+	session_forward(s, from, len);
+	return 0;
+}
+
+/* Does this frame need more than a byte move? Validates content order on
+ * the client's side as it goes. Returns 1 to look, 0 to move, -1 on a
+ * protocol error (session closing). */
+static int session_classify(struct session *s, struct leg *from,
+			    const struct frame_info *fi, struct channel **chp)
+{
+	struct channel *ch = NULL;
+	const char *why = NULL;
+	int code = 0, to_broker = from->dir == DIR_TO_BROKER;
+	uint16_t cls;
+	uint64_t body_size;
+
+	*chp = NULL;
+	if (fi->type == FRAME_HEARTBEAT)
+		return 0;
+	if (fi->channel == 0) {
+		if (fi->type != FRAME_METHOD) {
+			if (!to_broker)
+				return 0;
+			session_protocol_error(s, REPLY_UNEXPECTED_FRAME,
+					       "content frame on channel 0", 0, 0);
+			return -1;
+		}
+		return 1;
+	}
+	if (s->state < SESSION_OPEN && to_broker) {
+		session_protocol_error(s, REPLY_UNEXPECTED_FRAME,
+				       "channel frame before the connection is tuned",
+				       fi->class_id, fi->method_id);
+		return -1;
+	}
+	if (to_broker && fi->channel > s->channel_max) {
+		session_protocol_error(s, REPLY_NOT_ALLOWED,
+				       "channel number exceeds the negotiated channel_max",
+				       fi->class_id, fi->method_id);
+		return -1;
+	}
+	ch = session_channel(s, fi->channel);
+	if (ch == NULL) {
+		session_close(s, 541, "INTERNAL_ERROR - out of memory");
+		return -1;
+	}
+	*chp = ch;
+	if (ch->proxy_closing)
+		return 1;
+	if (fi->type == FRAME_METHOD) {
+		amqp_method_number_t id = METHOD_ID(fi->class_id, fi->method_id);
+
+		if (to_broker || ch->content[from->dir].msg) {
+			code = channel_content_method(ch, from->dir, method_has_content(id), &why);
+			if (code)
+				goto bad;
+		}
+		if (fi->class_id == 20) /* channel.* */
+			return 1;
+		if (s->nhooks && fi->class_id == 60)
+			return 1;
+		if (fi->class_id == 85) /* confirm.select */
+			return 1;
+		return 0;
+	}
+	if (!to_broker && !ch->content[from->dir].msg)
+		return 0;
+	if (fi->type == FRAME_HEADER) {
+		content_header_peek(fi->peek, &cls, &body_size);
+		code = channel_content_header(ch, from->dir, cls, body_size, &why);
+	} else {
+		code = channel_content_body(ch, from->dir, fi->size, &why);
+	}
+	if (code)
+		goto bad;
+	return ch->content[from->dir].msg ? 1 : 0;
+bad:
+	if (!to_broker) {
+		session_log(s, LOG_WARNING, "broker sent an out-of-order frame: %s", why);
+		return 0;
+	}
+	session_protocol_error(s, (uint16_t)code, why, fi->class_id, fi->method_id);
+	return -1;
+}
+
+/* A content frame of a message being assembled for a hook. */
+static int session_content(struct session *s, struct leg *from,
+			   const struct frame_info *fi, struct channel *ch)
+{
+	struct chan_content *c = &ch->content[from->dir];
+	struct evbuffer *in = bufferevent_get_input(from->bev);
+	struct pipe_msg *m = c->msg;
+	int rc;
+
+	rc = pipeline_collect(s, ch, m, in, frame_scan_wire_len(fi), fi->type);
+	if (rc != 0) {
+		if (from->dir == DIR_TO_BROKER) {
+			session_protocol_error(s, REPLY_FRAME_ERROR,
+					       "message larger than max_message_size", 60, 40);
+			return -1;
+		}
+		session_close(s, 541, "INTERNAL_ERROR - message larger than max_message_size");
+		return -1;
+	}
+	if (c->expect == EXPECT_METHOD) {
+		c->msg = NULL;
+		return pipeline_complete(s, ch, m);
+	}
+	return 0;
+}
+
+/* A frame while the proxy closes the session itself: only close and
+ * close-ok matter. */
+static void session_closing_frame(struct session *s, struct leg *from,
+				  const struct frame_info *fi)
+{
+	struct evbuffer *in = bufferevent_get_input(from->bev);
+
+	if (fi->type == FRAME_METHOD && fi->channel == 0 && fi->class_id == 10 &&
+	    (fi->method_id == 50 || fi->method_id == 51)) {
+		if (fi->method_id == 50 && from->bev)
+			method_write(bufferevent_get_output(from->bev), 0,
+				     AMQP_CONNECTION_CLOSE_OK_METHOD,
+				     &(amqp_connection_close_ok_t){ 0 });
+		from->done = 1;
+	}
+	evbuffer_drain(in, frame_scan_wire_len(fi));
+}
+
+/* Frames dropped on a channel the proxy is closing itself. */
+static int session_channel_closing(struct session *s, struct leg *from,
+				   const struct frame_info *fi, struct channel *ch)
+{
+	/* The broker's close-ok ends it; the client's is dropped, as the
+	 * broker had its own channel.close from the proxy. */
+	if (fi->type == FRAME_METHOD && fi->class_id == 20 && fi->method_id == 41 &&
+	    from->dir == DIR_TO_CLIENT)
+		return session_method(s, from, fi, ch);
+	evbuffer_drain(bufferevent_get_input(from->bev), frame_scan_wire_len(fi));
+	return 0;
+}
+
+static void session_pause(struct session *s, struct leg *from)
+{
+	if (!from->paused) {
+		from->paused = 1;
+		s->w->stats.backpressure_pauses++;
+		bufferevent_disable(from->bev, EV_READ);
+	}
+}
+
+/* Move every complete frame from one leg towards the other. Returns 0, or
+ * -1 when the session is gone. */
+static int session_pump(struct session *s, struct leg *from)
+{
+	struct evbuffer *in = bufferevent_get_input(from->bev);
+	struct leg *to = session_other(s, from);
+	struct evbuffer *out;
+	size_t run = 0, limit = (size_t)worker_settings.buffer_limit;
+	uint32_t max;
+	unsigned long frames = 0;
+	struct frame_info fi;
+	struct channel *ch;
+	int rc, look;
+
+	if (s->state == SESSION_HEADER) {
+		rc = session_header(s);
+		if (rc != 0)
+			return rc < 0 ? -1 : 0;
+	}
+	for (;;) {
+		out = to->bev ? bufferevent_get_output(to->bev) : NULL;
+		if (out && s->state < SESSION_CLOSING &&
+		    evbuffer_get_length(out) + run >= limit) {
+			session_pause(s, from);
+			break;
+		}
+		max = s->frame_max > FRAME_OVERHEAD ? s->frame_max - FRAME_OVERHEAD : 0;
+		if (from->dir == DIR_TO_CLIENT &&
+		    max < (uint32_t)worker_settings.max_frame_pre_tune)
+			max = (uint32_t)worker_settings.max_frame_pre_tune; /* trust the broker's tune */
+		rc = frame_scan_evbuffer(in, run, max, &fi);
+		if (rc == FRAME_SCAN_AGAIN)
+			break;
+		if (rc == FRAME_SCAN_ERROR) {
+			if (run && out)
+				evbuffer_remove_buffer(in, out, run);
+			if (from->dir == DIR_TO_BROKER) {
+				session_protocol_error(s, fi.reply_code, fi.error,
+						       fi.class_id, fi.method_id);
+			} else {
+				session_log(s, LOG_WARNING, "broker sent a bad frame: %s",
+					    fi.error);
+				s->w->stats.upstream_failures++;
+				from->eof = 1;
+				session_close(s, REPLY_CONNECTION_FORCED,
+					      "CONNECTION_FORCED - broker sent a bad frame");
+			}
+			return -1;
+		}
+		frames++;
+		if (s->state >= SESSION_CLOSING) {
+			session_closing_frame(s, from, &fi);
+			continue;
+		}
+		look = session_classify(s, from, &fi, &ch);
+		if (look < 0)
+			return -1;
+		if (look == 0) {
+			run += frame_scan_wire_len(&fi);
+			continue;
+		}
+		if (run) {
+			session_forward(s, from, run);
+			run = 0;
+		}
+		if (ch && ch->proxy_closing)
+			rc = session_channel_closing(s, from, &fi, ch);
+		else if (fi.type == FRAME_METHOD)
+			rc = session_method(s, from, &fi, ch);
+		else
+			rc = session_content(s, from, &fi, ch);
+		if (rc < 0)
+			return -1;
+	}
+	if (run)
+		session_forward(s, from, run);
+	if (from->dir == DIR_TO_BROKER)
+		s->w->stats.frames_to_broker += frames;
+	else
+		s->w->stats.frames_to_client += frames;
+	if (s->state == SESSION_CLOSING) {
+		if (s->client.done)
+			session_leg_finish(s, &s->client);
+		if (s->upstream.done)
+			session_leg_finish(s, &s->upstream);
+		return session_reap(s) ? -1 : 0;
+	}
+	return 0;
+}
+
+static void session_read_cb(struct bufferevent *bev, void *arg)
+{
+	struct leg *l = arg;
+
+	session_pump(l->s, l);
+}
+
+static void session_write_cb(struct bufferevent *bev, void *arg)
+{
+	struct leg *l = arg;
+	struct session *s = l->s;
+	struct leg *other = session_other(s, l);
+
+	if (s->state >= SESSION_CLOSING || (l->eof && other->eof)) {
+		if (evbuffer_get_length(bufferevent_get_output(bev)) == 0 &&
+		    (s->state == SESSION_FLUSHING || l->done)) {
+			bufferevent_free(l->bev);
+			l->bev = NULL;
+			session_reap(s);
+		}
+		return;
+	}
+	if (other->paused && other->bev) {
+		other->paused = 0;
+		bufferevent_enable(other->bev, EV_READ);
+		session_pump(s, other);
+	}
+}
+
+/* A leg failed or ended. */
+static void session_leg_lost(struct session *s, struct leg *l, const char *why)
+{
+	struct leg *other = session_other(s, l);
+
+	l->eof = 1;
+	if (s->state == SESSION_CLOSING) {
+		l->done = 1;
+		session_leg_finish(s, l);
+		if (other->done)
+			session_leg_finish(s, other);
+		session_reap(s);
+		return;
+	}
+	if (s->state == SESSION_FLUSHING || s->close_seen || s->state == SESSION_HEADER) {
+		session_flush_and_go(s);
+		return;
+	}
+	if (l == &s->upstream) {
+		session_log(s, LOG_WARNING, "broker connection lost: %s", why);
+		s->w->stats.upstream_failures++;
+		session_leg_finish(s, l);
+		session_close(s, REPLY_CONNECTION_FORCED,
+			      "CONNECTION_FORCED - broker connection lost");
+		return;
+	}
+	/* The client vanished: the broker sees its socket close, as it
+	 * would without the proxy. */
+	session_log(s, LOG_INFO, "client connection lost: %s", why);
+	session_flush_and_go(s);
+}
+
+static void session_event_cb(struct bufferevent *bev, short what, void *arg)
+{
+	struct leg *l = arg;
+	struct session *s = l->s;
+	char why[128];
+
+	if (what & BEV_EVENT_CONNECTED) {
+		session_nodelay(bufferevent_getfd(bev));
+		session_set_state(s, SESSION_HANDSHAKE);
+		session_pump(s, &s->client); /* anything the client sent early */
+		return;
+	}
+	if (what & BEV_EVENT_TIMEOUT) {
+		snprintf(why, sizeof(why), "no heartbeat for %u s", 2u * s->heartbeat);
+		if (l == &s->upstream && s->state == SESSION_OPEN) {
+			session_log(s, LOG_WARNING, "broker missed heartbeats");
+			l->eof = 1;
+			s->w->stats.upstream_failures++;
+			session_leg_finish(s, l);
+			session_close(s, REPLY_CONNECTION_FORCED,
+				      "CONNECTION_FORCED - broker missed heartbeats");
+			return;
+		}
+		session_log(s, LOG_WARNING, "%s missed heartbeats", session_leg_name(s, l));
+		l->eof = 1;
+		session_flush_and_go(s);
+		return;
+	}
+	if (what & BEV_EVENT_ERROR) {
+		int err = EVUTIL_SOCKET_ERROR();
+
+		if (s->state == SESSION_CONNECTING && l == &s->upstream) {
+			session_log(s, LOG_WARNING, "cannot connect to broker %s: %s",
+				    worker_settings.upstream_name,
+				    evutil_socket_error_to_string(err));
+			s->w->stats.upstream_failures++;
+			session_free(s);
+			return;
+		}
+		snprintf(why, sizeof(why), "%s", evutil_socket_error_to_string(err));
+	} else {
+		snprintf(why, sizeof(why), "end of stream");
+	}
+	/* Frames that arrived before the end still go through. */
+	if (l->bev && s->state != SESSION_FLUSHING && session_pump(s, l) != 0)
+		return;
+	if (l->bev == NULL)
+		return;
+	session_leg_lost(s, l, why);
+}

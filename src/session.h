@@ -1,0 +1,74 @@
+/* session: one client connection and its broker connection, the frames
+ * between them, and the state of the pair. */
+#ifndef ACEMQ_SESSION_H
+#define ACEMQ_SESSION_H
+
+#include "channel.h"
+#include "pipeline.h"
+
+#include <stdint.h>
+#include <sys/socket.h>
+
+struct bufferevent;
+struct event;
+struct evbuffer;
+struct worker;
+
+enum session_state {
+	SESSION_HEADER,     /* waiting for the client's protocol header */
+	SESSION_CONNECTING, /* connecting to the broker */
+	SESSION_HANDSHAKE,  /* start .. tune-ok pass through */
+	SESSION_OPEN,       /* tuned: frame_max and heartbeats apply */
+	SESSION_CLOSING,    /* the proxy closes both legs itself */
+	SESSION_FLUSHING,   /* the close handshake passed; flushing, then gone */
+};
+
+struct leg {
+	struct bufferevent *bev;
+	struct session *s;
+	enum chan_dir dir;  /* direction of the frames this leg reads */
+	unsigned paused : 1; /* reads stopped: the other leg's output is full */
+	unsigned eof : 1;    /* the peer closed or failed */
+	unsigned done : 1;   /* CLOSING: this leg finished its close handshake */
+};
+
+struct session {
+	uint64_t id;
+	struct worker *w;
+	enum session_state state;
+	struct leg client, upstream;
+	char peer[64];
+	char vhost[128];
+	char user[128];
+	uint32_t frame_max;       /* negotiated; bounds every frame */
+	uint32_t broker_frame_max; /* from connection.tune */
+	uint16_t channel_max;
+	uint16_t heartbeat;
+	unsigned started : 1;   /* connection.start reached the client */
+	unsigned close_seen : 1; /* a connection.close passed through */
+	unsigned logged_error : 1;
+	struct channel **chans;
+	uint32_t nchans;
+	struct event *timer;
+	int nhooks;
+	const struct pipe_hook *hooks[PIPELINE_MAX_HOOKS];
+	void *hook_state[PIPELINE_MAX_HOOKS];
+	struct session *prev, *next; /* the worker's list */
+};
+
+/* Take over an accepted socket. */
+struct session *session_new(struct worker *w, int fd, const struct sockaddr *sa,
+			    int salen);
+/* Close both legs with connection.close code (the proxy's own close). */
+void session_close(struct session *s, uint16_t code, const char *text);
+
+struct evbuffer *session_out(struct session *s, enum chan_dir dir);
+struct channel *session_channel(struct session *s, uint16_t id);
+
+#define session_log(s, level, fmt, ...)                                       \
+	log_msg(level, "c=%llu client=%s vhost=%s user=%s " fmt,              \
+		(unsigned long long)(s)->id, (s)->peer,                       \
+		(s)->vhost[0] ? (s)->vhost : "-", (s)->user[0] ? (s)->user : "-", \
+		##__VA_ARGS__)
+
+#endif

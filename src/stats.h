@@ -1,0 +1,28 @@
+/* stats: the proxy's counters, one X-macro list for storage, sums and display. */
+#ifndef ACEMQ_STATS_H
+#define ACEMQ_STATS_H
+
+#include <stdint.h>
+
+#define STATS_COUNTERS(X)                                                    \
+	X(connections_accepted, "client connections accepted")               \
+	X(connections_closed, "client connections closed")                   \
+	X(connections_refused, "connections refused (limit or bad header)")  \
+	X(upstream_failures, "broker connections that failed or were lost")  \
+	X(protocol_errors, "connections closed for a protocol violation")    \
+	X(frames_to_broker, "frames forwarded to the broker")                \
+	X(frames_to_client, "frames forwarded to clients")                   \
+	X(bytes_to_broker, "bytes forwarded to the broker")                  \
+	X(bytes_to_client, "bytes forwarded to clients")                     \
+	X(messages_assembled, "messages assembled for a hook")               \
+	X(messages_swallowed, "deliveries swallowed by a hook")              \
+	X(publishes_answered, "publishes answered by the proxy")             \
+	X(backpressure_pauses, "times a leg paused because the other was full")
+
+struct stats {
+#define STATS_FIELD(name, help) uint64_t name;
+	STATS_COUNTERS(STATS_FIELD)
+#undef STATS_FIELD
+};
+
+#endif

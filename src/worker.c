@@ -1,0 +1,149 @@
+/* worker: a thread with its own event loop that owns the sessions handed to it. */
+#include "worker.h"
+
+#include "log.h"
+#include "session.h"
+
+#include <event2/event.h>
+#include <event2/util.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct worker_settings worker_settings;
+
+static void worker_check_drained(struct worker *w)
+{
+	if (w->draining && w->nsessions == 0)
+		event_base_loopexit(w->base, NULL);
+}
+
+static void worker_drain_deadline(evutil_socket_t fd, short what, void *arg)
+{
+	struct worker *w = arg;
+	struct session *s, *next;
+
+	if (w->nsessions)
+		log_info("worker %d: closing %lu connections still open after %ld ms",
+			 w->index, w->nsessions, worker_settings.drain_timeout_ms);
+	for (s = w->sessions; s; s = next) {
+		next = s->next;
+		session_close(s, 320, "CONNECTION_FORCED - proxy shutting down");
+	}
+	worker_check_drained(w);
+}
+
+static void worker_notify_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct worker *w = arg;
+	struct worker_accept *q;
+	int n, i, drain;
+
+	pthread_mutex_lock(&w->lock);
+	q = w->queue;
+	n = w->nqueue;
+	w->queue = NULL;
+	w->nqueue = w->capqueue = 0;
+	drain = w->drain_request;
+	pthread_mutex_unlock(&w->lock);
+
+	for (i = 0; i < n; i++)
+		session_new(w, q[i].fd, (struct sockaddr *)&q[i].sa, q[i].salen);
+	free(q);
+	if (drain && !w->draining) {
+		struct timeval tv = { worker_settings.drain_timeout_ms / 1000,
+				      (worker_settings.drain_timeout_ms % 1000) * 1000 };
+
+		w->draining = 1;
+		w->drain_timer = evtimer_new(w->base, worker_drain_deadline, w);
+		evtimer_add(w->drain_timer, &tv);
+		worker_check_drained(w);
+	}
+}
+
+static void *worker_main(void *arg)
+{
+	struct worker *w = arg;
+
+	event_base_dispatch(w->base);
+	return NULL;
+}
+
+int worker_start(struct worker *w, int index)
+{
+	memset(w, 0, sizeof(*w));
+	w->index = index;
+	pthread_mutex_init(&w->lock, NULL);
+	init_amqp_pool(&w->pool, 16384);
+	w->base = event_base_new();
+	if (w->base == NULL)
+		return -1;
+	w->notify = event_new(w->base, -1, EV_PERSIST, worker_notify_cb, w);
+	if (w->notify == NULL)
+		return -1;
+	event_add(w->notify, NULL);
+	return pthread_create(&w->thread, NULL, worker_main, w) == 0 ? 0 : -1;
+}
+
+int worker_assign(struct worker *w, int fd, const struct sockaddr *sa, int salen)
+{
+	pthread_mutex_lock(&w->lock);
+	if (w->nqueue == w->capqueue) {
+		int ncap = w->capqueue ? w->capqueue * 2 : 16;
+		struct worker_accept *nq = realloc(w->queue, (size_t)ncap * sizeof(*nq));
+
+		if (nq == NULL) {
+			pthread_mutex_unlock(&w->lock);
+			return -1;
+		}
+		w->queue = nq;
+		w->capqueue = ncap;
+	}
+	w->queue[w->nqueue].fd = fd;
+	memcpy(&w->queue[w->nqueue].sa, sa, (size_t)salen);
+	w->queue[w->nqueue].salen = salen;
+	w->nqueue++;
+	pthread_mutex_unlock(&w->lock);
+	event_active(w->notify, EV_READ, 0);
+	return 0;
+}
+
+void worker_drain(struct worker *w)
+{
+	pthread_mutex_lock(&w->lock);
+	w->drain_request = 1;
+	pthread_mutex_unlock(&w->lock);
+	event_active(w->notify, EV_READ, 0);
+}
+
+void worker_join(struct worker *w)
+{
+	pthread_join(w->thread, NULL);
+	if (w->drain_timer)
+		event_free(w->drain_timer);
+	event_free(w->notify);
+	event_base_free(w->base);
+	empty_amqp_pool(&w->pool);
+	pthread_mutex_destroy(&w->lock);
+}
+
+void worker_session_add(struct worker *w, struct session *s)
+{
+	s->next = w->sessions;
+	s->prev = NULL;
+	if (w->sessions)
+		w->sessions->prev = s;
+	w->sessions = s;
+	w->nsessions++;
+}
+
+void worker_session_remove(struct worker *w, struct session *s)
+{
+	if (s->prev)
+		s->prev->next = s->next;
+	else
+		w->sessions = s->next;
+	if (s->next)
+		s->next->prev = s->prev;
+	w->nsessions--;
+	worker_check_drained(w);
+}

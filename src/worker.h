@@ -1,0 +1,64 @@
+/* worker: a thread with its own event loop that owns the sessions handed to it. */
+#ifndef ACEMQ_WORKER_H
+#define ACEMQ_WORKER_H
+
+#include "stats.h"
+
+#include <amqp.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+struct event_base;
+struct event;
+struct session;
+
+/* Settings every worker reads; written once before the workers start. */
+struct worker_settings {
+	struct sockaddr_storage upstream;
+	int upstream_len;
+	char upstream_name[300];
+	long connect_timeout_ms;
+	long handshake_timeout_ms;
+	long drain_timeout_ms;
+	long buffer_limit;
+	long max_frame_pre_tune;
+	long max_message_size;
+};
+
+extern struct worker_settings worker_settings;
+
+struct worker_accept {
+	int fd;
+	struct sockaddr_storage sa;
+	int salen;
+};
+
+struct worker {
+	int index;
+	pthread_t thread;
+	struct event_base *base;
+	struct event *notify;
+	pthread_mutex_t lock;
+	struct worker_accept *queue; /* sockets handed over, under lock */
+	int nqueue, capqueue;
+	int drain_request;           /* under lock */
+	int draining;
+	struct event *drain_timer;
+	struct session *sessions;
+	unsigned long nsessions;
+	struct stats stats;
+	amqp_pool_t pool; /* scratch for decoding one frame at a time */
+};
+
+int worker_start(struct worker *w, int index);
+/* From any thread: hand over an accepted socket. */
+int worker_assign(struct worker *w, int fd, const struct sockaddr *sa, int salen);
+/* From any thread: stop taking work, drain, then exit the loop. */
+void worker_drain(struct worker *w);
+void worker_join(struct worker *w);
+
+void worker_session_add(struct worker *w, struct session *s);
+void worker_session_remove(struct worker *w, struct session *s);
+
+#endif

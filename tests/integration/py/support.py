@@ -1,0 +1,185 @@
+"""Helpers shared by the integration tests (broker control, pika shortcuts)."""
+
+import os
+import socket
+import subprocess
+import time
+import uuid
+
+import pika
+
+HOST = "127.0.0.1"
+BROKER_PORT = int(os.environ.get("ACEMQ_IT_BROKER_PORT", "5672"))
+
+
+def unique_name(prefix="acemq-it"):
+    return "%s-%s" % (prefix, uuid.uuid4().hex[:16])
+
+
+def free_port():
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind((HOST, 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def port_accepts(port, host=HOST, timeout=0.5):
+    try:
+        s = socket.create_connection((host, port), timeout=timeout)
+    except OSError:
+        return False
+    s.close()
+    return True
+
+
+def params(port, **kw):
+    kw.setdefault("connection_attempts", 1)
+    kw.setdefault("socket_timeout", 10)
+    kw.setdefault("stack_timeout", 20)
+    return pika.ConnectionParameters(host=HOST, port=port,
+                                     credentials=pika.PlainCredentials("guest", "guest"), **kw)
+
+
+def connect(port, **kw):
+    return pika.BlockingConnection(params(port, **kw))
+
+
+def safe_close(conn):
+    try:
+        if conn is not None and conn.is_open:
+            conn.close()
+    except Exception:
+        pass
+
+
+# --------------------------------------------------------------------------
+# broker control
+
+
+def rabbitmqctl(*args, timeout=60, check=True):
+    proc = subprocess.run(["rabbitmqctl", "-q"] + list(args), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, timeout=timeout, universal_newlines=True)
+    if check and proc.returncode != 0:
+        raise RuntimeError("rabbitmqctl %s failed (%d): %s %s" % (" ".join(args), proc.returncode,
+                                                                 proc.stdout, proc.stderr))
+    return proc
+
+
+def broker_status_ok():
+    try:
+        return rabbitmqctl("status", timeout=30, check=False).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def broker_answers(port=BROKER_PORT):
+    """True once an AMQP connection to the broker can be opened and used."""
+    try:
+        conn = connect(port, socket_timeout=3, stack_timeout=5, blocked_connection_timeout=5)
+    except Exception:
+        return False
+    try:
+        ch = conn.channel()
+        ch.queue_declare("", exclusive=True)
+        return True
+    except Exception:
+        return False
+    finally:
+        safe_close(conn)
+
+
+def wait_broker(timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if broker_answers():
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def ensure_rabbitmq(timeout=60):
+    if broker_status_ok() and wait_broker(10):
+        return
+    subprocess.run(["rabbitmq-server", "-detached"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if broker_status_ok():
+            break
+        time.sleep(1)
+    else:
+        raise RuntimeError("RabbitMQ did not come up within %d s" % timeout)
+    if not wait_broker(max(deadline - time.monotonic(), 10)):
+        raise RuntimeError("RabbitMQ status is ok but port %d does not answer AMQP" % BROKER_PORT)
+
+
+def broker_pids():
+    """PIDs of the broker's Erlang VM (beam.smp)."""
+    out = subprocess.run(["pgrep", "-f", "beam.smp"], stdout=subprocess.PIPE,
+                         universal_newlines=True).stdout.split()
+    pids = []
+    for pid in out:
+        try:
+            with open("/proc/%s/comm" % pid) as f:
+                comm = f.read().strip()
+            with open("/proc/%s/cmdline" % pid, "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        # pgrep -f also matches shells whose command line mentions beam.smp
+        if comm.startswith("beam") and b"rabbit" in cmdline:
+            pids.append(int(pid))
+    return pids
+
+
+def queue_depth(port, queue):
+    """(message_count, consumer_count) of a queue via passive declare."""
+    conn = connect(port)
+    try:
+        ok = conn.channel().queue_declare(queue, passive=True)
+        return ok.method.message_count, ok.method.consumer_count
+    finally:
+        safe_close(conn)
+
+
+def queue_stats(queue):
+    """(ready, unacknowledged, consumers) as the broker itself reports them."""
+    out = rabbitmqctl("list_queues", "name", "messages_ready", "messages_unacknowledged",
+                      "consumers", "--no-table-headers").stdout
+    for line in out.splitlines():
+        parts = line.split("\t")
+        if parts and parts[0] == queue:
+            return int(parts[1]), int(parts[2]), int(parts[3])
+    raise AssertionError("queue %r not listed by rabbitmqctl: %r" % (queue, out))
+
+
+def drain(port, queue, limit=100000):
+    """Fetch everything from a queue with auto-ack; returns [(properties, body)]."""
+    conn = connect(port)
+    try:
+        ch = conn.channel()
+        out = []
+        for _ in range(limit):
+            method, props, body = ch.basic_get(queue, auto_ack=True)
+            if method is None:
+                break
+            out.append((props, body))
+        return out
+    finally:
+        safe_close(conn)
+
+
+def wait_until(predicate, timeout, interval=0.05, pump=None):
+    """Poll predicate until true or timeout; pump(interval) is called between
+    polls (e.g. a pika connection's process_data_events)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        if pump is not None:
+            pump(interval)
+        else:
+            time.sleep(interval)

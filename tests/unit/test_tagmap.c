@@ -1,0 +1,195 @@
+/* test_tagmap: delivery tag and confirm sequence translation tables. */
+#include "src/tagmap.h"
+
+#include <check.h>
+#include <stdlib.h>
+
+struct rec {
+	uint64_t tag[64];
+	int multiple[64];
+	int n;
+};
+
+static void record(void *arg, uint64_t tag, int multiple)
+{
+	struct rec *r = arg;
+
+	r->tag[r->n] = tag;
+	r->multiple[r->n++] = multiple;
+}
+
+/* Broker tags 1..9; the proxy swallows 3 and 6 (and settles them itself). */
+static void deliver_skipping(struct tagmap *tm)
+{
+	uint64_t b;
+
+	for (b = 1; b <= 9; b++) {
+		if (b == 3 || b == 6)
+			continue;
+		tagmap_deliver(tm, b, 1);
+	}
+}
+
+START_TEST(contiguous_client_tags)
+{
+	struct tagmap tm;
+	uint64_t b, c, expect = 1;
+
+	tagmap_init(&tm);
+	for (b = 1; b <= 20; b++) {
+		if (b % 3 == 0)
+			continue;
+		c = tagmap_deliver(&tm, b, 1);
+		ck_assert_uint_eq(c, expect++);
+	}
+	ck_assert_uint_eq(tagmap_outstanding(&tm), 14);
+	tagmap_reset(&tm);
+}
+END_TEST
+
+START_TEST(single_ack_lands_on_broker_tag)
+{
+	struct tagmap tm;
+	struct rec r = { .n = 0 };
+
+	tagmap_init(&tm);
+	deliver_skipping(&tm); /* client 1..7 = broker 1,2,4,5,7,8,9 */
+	ck_assert_int_eq(tagmap_settle(&tm, 3, 0, record, &r), 0);
+	ck_assert_int_eq(r.n, 1);
+	ck_assert_uint_eq(r.tag[0], 4);
+	ck_assert_int_eq(r.multiple[0], 0);
+	/* settling it twice is an unknown tag */
+	ck_assert_int_eq(tagmap_settle(&tm, 3, 0, record, &r), -1);
+	ck_assert_int_eq(tagmap_settle(&tm, 99, 0, record, &r), -1);
+	tagmap_reset(&tm);
+}
+END_TEST
+
+START_TEST(multiple_ack_translated)
+{
+	struct tagmap tm;
+	struct rec r = { .n = 0 };
+
+	tagmap_init(&tm);
+	deliver_skipping(&tm);
+	ck_assert_int_eq(tagmap_settle(&tm, 5, 1, record, &r), 0);
+	ck_assert_int_eq(r.n, 1);
+	ck_assert_uint_eq(r.tag[0], 7); /* client 5 = broker 7 */
+	ck_assert_int_eq(r.multiple[0], 1);
+	ck_assert_uint_eq(tagmap_outstanding(&tm), 2);
+	r.n = 0;
+	ck_assert_int_eq(tagmap_settle(&tm, 0, 1, record, &r), 0); /* all */
+	ck_assert_int_eq(r.n, 1);
+	ck_assert_uint_eq(r.tag[0], 9);
+	ck_assert_uint_eq(tagmap_outstanding(&tm), 0);
+	tagmap_reset(&tm);
+}
+END_TEST
+
+START_TEST(multiple_ack_split_around_held)
+{
+	struct tagmap tm;
+	struct rec r = { .n = 0 };
+
+	tagmap_init(&tm);
+	tagmap_deliver(&tm, 1, 1);
+	tagmap_hold(&tm, 2); /* the proxy holds broker tag 2 */
+	tagmap_deliver(&tm, 3, 1);
+	tagmap_deliver(&tm, 4, 1);
+	/* A multiple ack must not settle the held tag 2. */
+	ck_assert_int_eq(tagmap_settle(&tm, 3, 1, record, &r), 0);
+	ck_assert_int_eq(r.n, 3);
+	ck_assert_uint_eq(r.tag[0], 1);
+	ck_assert_uint_eq(r.tag[1], 3);
+	ck_assert_uint_eq(r.tag[2], 4);
+	ck_assert_int_eq(r.multiple[0] + r.multiple[1] + r.multiple[2], 0);
+	tagmap_unhold(&tm, 2);
+	ck_assert_uint_eq(tagmap_deliver(&tm, 2, 1), 4);
+	tagmap_reset(&tm);
+}
+END_TEST
+
+START_TEST(no_ack_deliveries_not_tracked)
+{
+	struct tagmap tm;
+	struct rec r = { .n = 0 };
+
+	tagmap_init(&tm);
+	ck_assert_uint_eq(tagmap_deliver(&tm, 10, 0), 1);
+	ck_assert_uint_eq(tagmap_outstanding(&tm), 0);
+	ck_assert_int_eq(tagmap_settle(&tm, 1, 0, record, &r), -1);
+	tagmap_reset(&tm);
+}
+END_TEST
+
+START_TEST(many_outstanding_grow)
+{
+	struct tagmap tm;
+	struct rec r = { .n = 0 };
+	uint64_t i;
+
+	tagmap_init(&tm);
+	for (i = 1; i <= 10000; i++)
+		ck_assert_uint_eq(tagmap_deliver(&tm, i * 2, 1), i);
+	for (i = 1; i <= 10000; i += 2) {
+		r.n = 0;
+		ck_assert_int_eq(tagmap_settle(&tm, i, 0, record, &r), 0);
+		ck_assert_uint_eq(r.tag[0], i * 2);
+	}
+	ck_assert_uint_eq(tagmap_outstanding(&tm), 5000);
+	r.n = 0;
+	ck_assert_int_eq(tagmap_settle(&tm, 10000, 1, record, &r), 0);
+	ck_assert_uint_eq(r.tag[0], 20000);
+	ck_assert_uint_eq(tagmap_outstanding(&tm), 0);
+	tagmap_reset(&tm);
+}
+END_TEST
+
+START_TEST(confirms_with_answered_publishes)
+{
+	struct confirmmap cm;
+	struct rec r = { .n = 0 };
+	uint64_t i, c;
+
+	confirmmap_init(&cm);
+	/* Client publishes 1..10; the proxy answers 5 and 10 itself. */
+	for (i = 1; i <= 10; i++) {
+		c = i % 5 == 0 ? confirmmap_answer(&cm) : confirmmap_forward(&cm);
+		ck_assert_uint_eq(c, i);
+	}
+	/* The broker saw 8 publishes: its ack 3 is the client's 3. */
+	ck_assert_int_eq(confirmmap_settle(&cm, 3, 0, record, &r), 0);
+	ck_assert_uint_eq(r.tag[0], 3);
+	/* broker 5 = client 6 */
+	ck_assert_int_eq(confirmmap_settle(&cm, 5, 1, record, &r), 0);
+	ck_assert_uint_eq(r.tag[1], 6);
+	ck_assert_int_eq(r.multiple[1], 1);
+	/* broker 8 = client 9, multiple */
+	ck_assert_int_eq(confirmmap_settle(&cm, 8, 1, record, &r), 0);
+	ck_assert_uint_eq(r.tag[2], 9);
+	ck_assert_int_eq(confirmmap_settle(&cm, 8, 0, record, &r), -1);
+	confirmmap_reset(&cm);
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("tagmap");
+	TCase *tc = tcase_create("core");
+	SRunner *sr;
+	int failed;
+
+	tcase_add_test(tc, contiguous_client_tags);
+	tcase_add_test(tc, single_ack_lands_on_broker_tag);
+	tcase_add_test(tc, multiple_ack_translated);
+	tcase_add_test(tc, multiple_ack_split_around_held);
+	tcase_add_test(tc, no_ack_deliveries_not_tracked);
+	tcase_add_test(tc, many_outstanding_grow);
+	tcase_add_test(tc, confirms_with_answered_publishes);
+	suite_add_tcase(s, tc);
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
