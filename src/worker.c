@@ -64,7 +64,7 @@ static void *worker_main(void *arg)
 {
 	struct worker *w = arg;
 
-	event_base_dispatch(w->base);
+	event_base_loop(w->base, EVLOOP_NO_EXIT_ON_EMPTY);
 	return NULL;
 }
 
@@ -77,10 +77,10 @@ int worker_start(struct worker *w, int index)
 	w->base = event_base_new();
 	if (w->base == NULL)
 		return -1;
-	w->notify = event_new(w->base, -1, EV_PERSIST, worker_notify_cb, w);
+	/* Never added: other threads make it active to hand work over. */
+	w->notify = event_new(w->base, -1, 0, worker_notify_cb, w);
 	if (w->notify == NULL)
 		return -1;
-	event_add(w->notify, NULL);
 	return pthread_create(&w->thread, NULL, worker_main, w) == 0 ? 0 : -1;
 }
 
