@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""make-seeds: write the named seed corpus of the fuzz targets (run once;
+the seeds are committed)."""
+import os
+import struct
+
+here = os.path.dirname(os.path.abspath(__file__))
+
+
+def shortstr(s):
+    b = s.encode()
+    return bytes([len(b)]) + b
+
+
+def longstr(b):
+    return struct.pack(">I", len(b)) + b
+
+
+def table(entries):
+    body = b""
+    for k, kind, v in entries:
+        body += shortstr(k) + kind + v
+    return struct.pack(">I", len(body)) + body
+
+
+def frame(t, ch, payload, end=0xCE):
+    return struct.pack(">BHI", t, ch, len(payload)) + payload + bytes([end])
+
+
+def method(cls, mid, args):
+    return struct.pack(">HH", cls, mid) + args
+
+
+nested = table([("n", b"l", struct.pack(">q", -5)), ("s", b"S", longstr(b"deep"))])
+headers = table([
+    ("acemq-reply-to", b"S", longstr(b"replies")),
+    ("nested", b"F", nested),
+    ("list", b"A", struct.pack(">I", 5) + b"t\x01" + b"b\x07" + b""),
+    ("when", b"T", struct.pack(">Q", 1700000000)),
+    ("dec", b"D", b"\x02" + struct.pack(">I", 12345)),
+    ("void", b"V", b""),
+    ("bytes", b"x", longstr(b"\x00\x01\x02")),
+    ("f", b"f", struct.pack(">f", 1.5)),
+    ("d", b"d", struct.pack(">d", 2.5)),
+])
+flags = 0xFFFC  # every basic property
+props = (struct.pack(">H", flags) + shortstr("application/json") + shortstr("gzip") + headers
+         + b"\x02" + b"\x07" + shortstr("corr") + shortstr("replies") + shortstr("60000")
+         + shortstr("m-1") + struct.pack(">Q", 1700000001) + shortstr("order")
+         + shortstr("guest") + shortstr("app") + shortstr("c"))
+publish = method(60, 40, b"\x00\x00" + shortstr("ex") + shortstr("rk") + b"\x01")
+deliver = method(60, 60, shortstr("ctag") + struct.pack(">Q", 9) + b"\x00" + shortstr("ex") + shortstr("rk"))
+start_ok = method(10, 11, table([("product", b"S", longstr(b"x"))]) + shortstr("PLAIN")
+                  + longstr(b"\x00guest\x00guest") + shortstr("en_US"))
+tune_ok = method(10, 31, struct.pack(">HIH", 2047, 131072, 60))
+close = method(10, 50, struct.pack(">H", 320) + shortstr("CONNECTION_FORCED") + struct.pack(">HH", 0, 0))
+header = struct.pack(">HHQ", 60, 0, 5) + props
+
+seeds = {
+    "frame_scan": {
+        "publish-header-body": frame(1, 1, publish) + frame(2, 1, header) + frame(3, 1, b"hello"),
+        "heartbeat": frame(8, 0, b""),
+        "start-ok-plain": frame(1, 0, start_ok),
+        "tune-ok": frame(1, 0, tune_ok),
+        "regress-bad-end-octet": frame(3, 1, b"abc", end=0x00),
+        "regress-heartbeat-on-channel": frame(8, 3, b""),
+        "regress-unknown-type": frame(9, 1, b"x"),
+        "regress-oversize-claim": struct.pack(">BHI", 3, 1, 0xFFFFFFFF) + b"x" * 16,
+        "regress-truncated-header": b"\x01\x00",
+        "regress-method-too-short": frame(1, 1, b"\x00\x3c"),
+        "regress-empty-body-frame": frame(3, 1, b""),
+    },
+    "props": {
+        "every-property": props,
+        "no-properties": b"\x00\x00",
+        "regress-flags-without-values": b"\xff\xfc",
+        "regress-headers-length-overrun": b"\x20\x00" + struct.pack(">I", 0xFFFFFF00),
+        "regress-continuation-flag": b"\x00\x01\x00\x00",
+    },
+    "table": {
+        "nested-and-every-kind": headers,
+        "empty": table([]),
+        "regress-length-past-end": struct.pack(">I", 100) + b"\x01a",
+        "regress-unknown-kind": table([("k", b"?", b"")]),
+        "regress-deep-nesting": table([("a", b"F", table([("b", b"F", table([("c", b"F", table([]))]))]))]),
+    },
+    "method": {
+        "basic-publish": publish,
+        "basic-deliver": deliver,
+        "connection-start-ok": start_ok,
+        "connection-tune-ok": tune_ok,
+        "connection-close": close,
+        "basic-ack": method(60, 80, struct.pack(">Q", 5) + b"\x01"),
+        "regress-unknown-method": method(99, 99, b""),
+        "regress-shortstr-past-end": method(60, 40, b"\x00\x00\xff"),
+        "regress-truncated-tune-ok": method(10, 31, b"\x07"),
+    },
+}
+
+for target, files in seeds.items():
+    d = os.path.join(here, "corpus", target)
+    os.makedirs(d, exist_ok=True)
+    for name, data in files.items():
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(data)
+print("seeds written")
