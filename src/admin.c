@@ -16,6 +16,26 @@ static struct evhttp *admin_http;
 static const struct config *admin_cfg;
 static struct worker *admin_workers;
 static int admin_nworkers;
+static admin_reload_fn admin_reload_cb;
+
+static void admin_reload(struct evhttp_request *req, void *arg)
+{
+	struct evbuffer *out = evbuffer_new();
+	char *errors = NULL;
+
+	if (evhttp_request_get_command(req) != EVHTTP_REQ_POST) {
+		evbuffer_add_printf(out, "use POST\n");
+		evhttp_send_reply(req, 405, "Method Not Allowed", out);
+	} else if (admin_reload_cb(&errors) == 0) {
+		evbuffer_add_printf(out, "rules reloaded\n");
+		evhttp_send_reply(req, 200, "OK", out);
+	} else {
+		evbuffer_add_printf(out, "%s", errors ? errors : "reload failed\n");
+		evhttp_send_reply(req, 400, "Bad Request", out);
+	}
+	free(errors);
+	evbuffer_free(out);
+}
 
 static void admin_stats(struct evhttp_request *req, void *arg)
 {
@@ -74,7 +94,7 @@ static void admin_health(struct evhttp_request *req, void *arg)
 }
 
 int admin_open(struct event_base *base, const char *addr, const struct config *cfg,
-	       struct worker *workers, int nworkers)
+	       struct worker *workers, int nworkers, admin_reload_fn reload)
 {
 	char host[256];
 	int port;
@@ -82,6 +102,7 @@ int admin_open(struct event_base *base, const char *addr, const struct config *c
 	admin_cfg = cfg;
 	admin_workers = workers;
 	admin_nworkers = nworkers;
+	admin_reload_cb = reload;
 	if (config_addr_split(addr, host, sizeof(host), &port) != 0) {
 		log_error("admin %s: not HOST:PORT", addr);
 		return -1;
@@ -94,6 +115,7 @@ int admin_open(struct event_base *base, const char *addr, const struct config *c
 	evhttp_set_cb(admin_http, "/stats", admin_stats, NULL);
 	evhttp_set_cb(admin_http, "/config", admin_config, NULL);
 	evhttp_set_cb(admin_http, "/health", admin_health, NULL);
+	evhttp_set_cb(admin_http, "/reload", admin_reload, NULL);
 	log_info("admin endpoint on %s", addr);
 	return 0;
 }

@@ -6,8 +6,11 @@ struct event_base;
 struct config;
 struct worker;
 
+/* Reload the rules; 0, or -1 with the errors in errors (malloc'd). */
+typedef int (*admin_reload_fn)(char **errors);
+
 int admin_open(struct event_base *base, const char *addr, const struct config *cfg,
-	       struct worker *workers, int nworkers);
+	       struct worker *workers, int nworkers, admin_reload_fn reload);
 void admin_close(void);
 
 #endif

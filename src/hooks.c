@@ -1,11 +1,12 @@
 /* hooks: which pipeline hooks a build of the proxy registers. */
 #include "hooks.h"
 
+#include "patterns/reply_to.h"
 #include "pipeline.h"
 
 void hooks_register(void)
 {
-	/* The messaging patterns register here as they are added. */
+	reply_to_register();
 	if (testhook_register)
 		testhook_register();
 }

@@ -4,6 +4,7 @@
 #include "hooks.h"
 #include "listener.h"
 #include "log.h"
+#include "rules.h"
 #include "worker.h"
 
 #include "build_config.h"
@@ -21,6 +22,49 @@
 static struct worker *main_workers;
 static int main_nworkers;
 static int main_stopping;
+static const char *main_rules_dir;
+
+/* Load the rules directory and hand the set to every worker; on any error
+ * the workers keep the set they have. */
+static int main_load_rules(char **errors)
+{
+	char *text = NULL, *line, *save = NULL;
+	size_t len = 0;
+	FILE *err = open_memstream(&text, &len);
+	struct rules *r;
+	int nerr, i;
+
+	if (err == NULL)
+		return -1;
+	r = rules_load(main_rules_dir, err, &nerr);
+	fclose(err);
+	if (r == NULL) {
+		for (line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save))
+			log_error("rules: %s", line);
+		log_error("rules: %d error%s; the rules in force are kept", nerr,
+			  nerr == 1 ? "" : "s");
+		if (errors) {
+			free(text);
+			text = NULL;
+			err = open_memstream(&text, &len);
+			rules_unref(rules_load(main_rules_dir, err, &nerr));
+			fclose(err);
+			*errors = text;
+			text = NULL;
+		}
+		free(text);
+		return -1;
+	}
+	free(text);
+	for (i = 0; i < main_nworkers; i++)
+		worker_set_rules(&main_workers[i], r);
+	if (main_nworkers)
+		__atomic_add_fetch(&main_workers[0].stats.rules_reloads, 1, __ATOMIC_RELAXED);
+	log_info("rules: %d vhost%s from %s", r->n, r->n == 1 ? "" : "s",
+		 main_rules_dir && main_rules_dir[0] ? main_rules_dir : "(none)");
+	rules_unref(r);
+	return 0;
+}
 
 static void main_stop_cb(evutil_socket_t sig, short what, void *arg)
 {
@@ -43,7 +87,8 @@ static void main_stop_cb(evutil_socket_t sig, short what, void *arg)
 
 static void main_hup_cb(evutil_socket_t sig, short what, void *arg)
 {
-	log_info("SIGHUP: no rules to reload");
+	log_info("SIGHUP: reloading rules");
+	main_load_rules(NULL);
 }
 
 static int main_resolve_upstream(const char *addr)
@@ -90,6 +135,13 @@ int main(int argc, char **argv)
 	nerr = config_load(&cfg, argc, argv, stderr);
 	if (nerr == 0 && main_resolve_upstream(config_str(&cfg, CFG_UPSTREAM)) != 0)
 		nerr++;
+	{
+		int rerr = 0;
+		struct rules *r = rules_load(config_str(&cfg, CFG_RULES), stderr, &rerr);
+
+		rules_unref(r);
+		nerr += rerr;
+	}
 	if (cfg.check_only) {
 		if (nerr)
 			fprintf(stderr, "%d error%s in the configuration\n", nerr,
@@ -117,6 +169,7 @@ int main(int argc, char **argv)
 	main_raise_nofile();
 	evthread_use_pthreads();
 	hooks_register();
+	main_rules_dir = config_str(&cfg, CFG_RULES);
 
 	workers = config_num(&cfg, CFG_WORKERS);
 	if (workers == 0)
@@ -131,6 +184,8 @@ int main(int argc, char **argv)
 			return 1;
 		}
 	}
+	if (main_load_rules(NULL) != 0)
+		return 1;
 	base = event_base_new();
 	if (listener_open(base, cfg.v[CFG_LISTEN].list, cfg.v[CFG_LISTEN].nlist,
 			  main_workers, main_nworkers,
@@ -138,7 +193,7 @@ int main(int argc, char **argv)
 		return 1;
 	if (config_str(&cfg, CFG_ADMIN)[0] &&
 	    admin_open(base, config_str(&cfg, CFG_ADMIN), &cfg, main_workers,
-		       main_nworkers) != 0)
+		       main_nworkers, main_load_rules) != 0)
 		return 1;
 	sigterm = evsignal_new(base, SIGTERM, main_stop_cb, base);
 	sigint = evsignal_new(base, SIGINT, main_stop_cb, base);

@@ -22,20 +22,51 @@ void pipeline_register(const struct pipe_hook *hook)
 		pipeline_hooks[pipeline_nhooks++] = hook;
 }
 
-int pipeline_attach(struct session *s)
+static void pipeline_attach_some(struct session *s, int rewrite_only)
 {
 	int i;
 
-	pipeline_detach(s);
 	for (i = 0; i < pipeline_nhooks; i++) {
-		void *st = pipeline_hooks[i]->attach(s);
+		void *st;
 
+		if (pipeline_hooks[i]->rewrite_only != rewrite_only)
+			continue;
+		st = pipeline_hooks[i]->attach(s);
 		if (st != NULL) {
 			s->hooks[s->nhooks] = pipeline_hooks[i];
 			s->hook_state[s->nhooks++] = st;
+			if (!rewrite_only)
+				s->track = 1;
 		}
 	}
+}
+
+int pipeline_attach(struct session *s)
+{
+	pipeline_detach(s);
+	s->track = 0;
+	pipeline_attach_some(s, 0);
+	pipeline_attach_some(s, 1);
 	return s->nhooks;
+}
+
+void pipeline_refresh(struct session *s)
+{
+	int i, n = 0;
+
+	if (s->vhost[0] == '\0')
+		return; /* not open yet: attach happens at connection.open */
+	for (i = 0; i < s->nhooks; i++) {
+		if (s->hooks[i]->rewrite_only) {
+			if (s->hooks[i]->detach)
+				s->hooks[i]->detach(s->hook_state[i]);
+			continue;
+		}
+		s->hooks[n] = s->hooks[i];
+		s->hook_state[n++] = s->hook_state[i];
+	}
+	s->nhooks = n;
+	pipeline_attach_some(s, 1);
 }
 
 void pipeline_detach(struct session *s)
@@ -202,7 +233,8 @@ static int pipeline_deliver(struct session *s, struct channel *ch, struct pipe_m
 	int rc;
 
 	if (tagp) {
-		client = tagmap_deliver(&ch->tags, m->broker_tag, !m->no_ack);
+		client = s->track ? tagmap_deliver(&ch->tags, m->broker_tag, !m->no_ack)
+				  : m->broker_tag;
 		if (client != *tagp) {
 			*tagp = client;
 			m->method_dirty = 1;
@@ -241,7 +273,7 @@ int pipeline_complete(struct session *s, struct channel *ch, struct pipe_msg *m)
 			pipe_msg_free(m);
 			return 0;
 		}
-		if (ch->confirm_mode)
+		if (ch->confirm_mode && s->track)
 			confirmmap_forward(&ch->confirms);
 		i = pipeline_emit(s, m, session_out(s, DIR_TO_BROKER));
 		pipe_msg_free(m);

@@ -46,6 +46,10 @@ struct pipe_msg {
 
 struct pipe_hook {
 	const char *name;
+	/* Only rewrites messages (never swallows, holds or answers) and keeps
+	 * no state between messages: attached or detached at any time, and
+	 * delivery tags need no translation for it. */
+	int rewrite_only;
 	/* Per session: return state to attach, or NULL to stay out. */
 	void *(*attach)(struct session *s);
 	void (*detach)(void *state);
@@ -64,6 +68,8 @@ void pipeline_register(const struct pipe_hook *hook);
 /* Attach the registered hooks to a session; returns how many attached. */
 int pipeline_attach(struct session *s);
 void pipeline_detach(struct session *s);
+/* New rules: re-decide which rewrite-only hooks apply to the session. */
+void pipeline_refresh(struct session *s);
 
 struct pipe_msg *pipe_msg_new(enum pipe_kind kind, uint16_t channel);
 void pipe_msg_free(struct pipe_msg *m);

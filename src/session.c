@@ -6,6 +6,7 @@
 #include "../amqp/frame_scan.h"
 #include "../amqp/method.h"
 #include "log.h"
+#include "rules.h"
 #include "worker.h"
 
 #include <errno.h>
@@ -52,6 +53,19 @@ struct evbuffer *session_out(struct session *s, enum chan_dir dir)
 	struct leg *to = dir == DIR_TO_BROKER ? &s->upstream : &s->client;
 
 	return to->bev ? bufferevent_get_output(to->bev) : NULL;
+}
+
+const struct rules_vhost *session_rules(struct session *s)
+{
+	struct rules *r = s->w->rules;
+
+	if (r == NULL)
+		return NULL;
+	if (s->rules_generation != r->generation) {
+		s->rules = rules_vhost(r, s->vhost);
+		s->rules_generation = r->generation;
+	}
+	return s->rules;
 }
 
 struct channel *session_channel(struct session *s, uint16_t id)
@@ -590,7 +604,9 @@ static int session_content_method(struct session *s, struct leg *from,
 		return pipeline_collect(s, ch, m, in, len, FRAME_METHOD);
 	}
 	/* Streams through; only the tag and confirm numbering change. */
-	if (kind == PIPE_PUBLISH) {
+	if (!s->track) {
+		/* nothing is renumbered */
+	} else if (kind == PIPE_PUBLISH) {
 		if (ch->confirm_mode)
 			confirmmap_forward(&ch->confirms);
 	} else if (kind == PIPE_DELIVER || kind == PIPE_GET_OK) {
@@ -631,7 +647,7 @@ static int session_method(struct session *s, struct leg *from,
 	amqp_pool_t *pool = &s->w->pool;
 	amqp_method_number_t id;
 	void *m = NULL;
-	int rc, hooks = s->nhooks > 0, to_broker = from->dir == DIR_TO_BROKER;
+	int rc, hooks = s->nhooks > 0, track = s->track, to_broker = from->dir == DIR_TO_BROKER;
 
 	rc = method_decode_evbuffer(in, fi->size, pool, &id, &m);
 	if (rc != 0) {
@@ -711,6 +727,8 @@ static int session_method(struct session *s, struct leg *from,
 		case AMQP_BASIC_ACK_METHOD:
 		case AMQP_BASIC_NACK_METHOD:
 		case AMQP_BASIC_REJECT_METHOD:
+			if (!track)
+				break;
 			if (to_broker) {
 				evbuffer_drain(in, len);
 				session_client_settle(s, ch, id, m);

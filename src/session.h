@@ -13,6 +13,7 @@ struct bufferevent;
 struct event;
 struct evbuffer;
 struct worker;
+struct rules_vhost;
 
 enum session_state {
 	SESSION_HEADER,     /* waiting for the client's protocol header */
@@ -51,6 +52,9 @@ struct session {
 	uint32_t nchans;
 	struct event *timer;
 	int nhooks;
+	int track; /* hooks may swallow, hold or answer: translate tags */
+	uint64_t rules_generation;
+	const struct rules_vhost *rules; /* cached for rules_generation */
 	const struct pipe_hook *hooks[PIPELINE_MAX_HOOKS];
 	void *hook_state[PIPELINE_MAX_HOOKS];
 	struct session *prev, *next; /* the worker's list */
@@ -64,6 +68,8 @@ void session_close(struct session *s, uint16_t code, const char *text);
 
 struct evbuffer *session_out(struct session *s, enum chan_dir dir);
 struct channel *session_channel(struct session *s, uint16_t id);
+/* The rules for the session's vhost as of now, or NULL. */
+const struct rules_vhost *session_rules(struct session *s);
 
 #define session_log(s, level, fmt, ...)                                       \
 	log_msg(level, "c=%llu client=%s vhost=%s user=%s " fmt,              \

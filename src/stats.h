@@ -17,7 +17,11 @@
 	X(messages_assembled, "messages assembled for a hook")               \
 	X(messages_swallowed, "deliveries swallowed by a hook")              \
 	X(publishes_answered, "publishes answered by the proxy")             \
-	X(backpressure_pauses, "times a leg paused because the other was full")
+	X(backpressure_pauses, "times a leg paused because the other was full") \
+	X(rules_reloads, "rules sets loaded after start")                    \
+	X(reply_to_header_added, "acemq-reply-to headers added")             \
+	X(reply_to_property_set, "reply-to properties set from the header")  \
+	X(reply_to_mismatch, "messages whose header and property differed")
 
 struct stats {
 #define STATS_FIELD(name, help) uint64_t name;

@@ -2,6 +2,8 @@
 #include "worker.h"
 
 #include "log.h"
+#include "pipeline.h"
+#include "rules.h"
 #include "session.h"
 
 #include <event2/event.h>
@@ -36,6 +38,7 @@ static void worker_notify_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct worker *w = arg;
 	struct worker_accept *q;
+	struct rules *rules;
 	int n, i, drain;
 
 	pthread_mutex_lock(&w->lock);
@@ -44,11 +47,22 @@ static void worker_notify_cb(evutil_socket_t fd, short what, void *arg)
 	w->queue = NULL;
 	w->nqueue = w->capqueue = 0;
 	drain = w->drain_request;
+	rules = w->rules_pending;
+	w->rules_pending = NULL;
 	pthread_mutex_unlock(&w->lock);
 
+	if (rules) {
+		struct session *s;
+
+		rules_unref(w->rules);
+		w->rules = rules;
+		for (s = w->sessions; s; s = s->next)
+			pipeline_refresh(s);
+	}
 	for (i = 0; i < n; i++)
 		session_new(w, q[i].fd, (struct sockaddr *)&q[i].sa, q[i].salen);
 	free(q);
+
 	if (drain && !w->draining) {
 		struct timeval tv = { worker_settings.drain_timeout_ms / 1000,
 				      (worker_settings.drain_timeout_ms % 1000) * 1000 };
@@ -115,8 +129,21 @@ void worker_drain(struct worker *w)
 	event_active(w->notify, EV_READ, 0);
 }
 
+void worker_set_rules(struct worker *w, struct rules *r)
+{
+	rules_ref(r);
+	pthread_mutex_lock(&w->lock);
+	if (w->rules_pending)
+		rules_unref(w->rules_pending);
+	w->rules_pending = r;
+	pthread_mutex_unlock(&w->lock);
+	event_active(w->notify, EV_READ, 0);
+}
+
 void worker_join(struct worker *w)
 {
+	rules_unref(w->rules);
+	rules_unref(w->rules_pending);
 	pthread_join(w->thread, NULL);
 	if (w->drain_timer)
 		event_free(w->drain_timer);

@@ -12,6 +12,7 @@
 struct event_base;
 struct event;
 struct session;
+struct rules;
 
 /* Settings every worker reads; written once before the workers start. */
 struct worker_settings {
@@ -49,6 +50,8 @@ struct worker {
 	unsigned long nsessions;
 	struct stats stats;
 	amqp_pool_t pool; /* scratch for decoding one frame at a time */
+	struct rules *rules;         /* the set this worker applies */
+	struct rules *rules_pending; /* under lock: the next set */
 };
 
 int worker_start(struct worker *w, int index);
@@ -57,6 +60,8 @@ int worker_assign(struct worker *w, int fd, const struct sockaddr *sa, int salen
 /* From any thread: stop taking work, drain, then exit the loop. */
 void worker_drain(struct worker *w);
 void worker_join(struct worker *w);
+/* From any thread: apply a new rules set (takes a reference). */
+void worker_set_rules(struct worker *w, struct rules *r);
 
 void worker_session_add(struct worker *w, struct session *s);
 void worker_session_remove(struct worker *w, struct session *s);

@@ -1,0 +1,518 @@
+/* rules: the per-vhost rules files, parsed, validated and compiled once. */
+#include "rules.h"
+
+#include "topic.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define RULES_MAX_FILE (1024 * 1024)
+
+struct rules_ctx {
+	const char *file;
+	FILE *err;
+	int nerrors;
+};
+
+static uint64_t rules_generation;
+
+static void rules_error(struct rules_ctx *c, const char *key, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+static void rules_error(struct rules_ctx *c, const char *key, const char *fmt, ...)
+{
+	va_list ap;
+
+	fprintf(c->err, "%s: %s: ", c->file, key);
+	va_start(ap, fmt);
+	vfprintf(c->err, fmt, ap);
+	va_end(ap);
+	fputc('\n', c->err);
+	c->nerrors++;
+}
+
+/* Refuse keys of obj that are not in allowed (NULL-terminated). */
+static void rules_known_keys(struct rules_ctx *c, const cJSON *obj, const char *path,
+			     const char *const *allowed)
+{
+	const cJSON *it;
+	char key[256];
+	int i, ok;
+
+	cJSON_ArrayForEach(it, obj)
+	{
+		ok = 0;
+		for (i = 0; allowed[i]; i++)
+			if (strcmp(it->string, allowed[i]) == 0)
+				ok = 1;
+		if (!ok) {
+			snprintf(key, sizeof(key), "%s%s%s", path, path[0] ? "." : "", it->string);
+			rules_error(c, key, "unknown key");
+		}
+	}
+}
+
+static void rules_path(char *out, size_t len, const char *path, const char *key)
+{
+	snprintf(out, len, "%s%s%s", path, path[0] && key[0] != '[' ? "." : "", key);
+}
+
+static int rules_bool(struct rules_ctx *c, const cJSON *obj, const char *path,
+		      const char *name, int def)
+{
+	const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
+	char key[256];
+
+	if (v == NULL)
+		return def;
+	if (!cJSON_IsBool(v)) {
+		rules_path(key, sizeof(key), path, name);
+		rules_error(c, key, "must be true or false");
+		return def;
+	}
+	return cJSON_IsTrue(v);
+}
+
+static long rules_int(struct rules_ctx *c, const cJSON *obj, const char *path,
+		      const char *name, long def, long min, long max)
+{
+	const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
+	char key[256];
+	double d;
+
+	if (v == NULL)
+		return def;
+	rules_path(key, sizeof(key), path, name);
+	if (!cJSON_IsNumber(v)) {
+		rules_error(c, key, "must be a number");
+		return def;
+	}
+	d = v->valuedouble;
+	if (d != (double)(long)d) {
+		rules_error(c, key, "must be a whole number");
+		return def;
+	}
+	if ((long)d < min || (long)d > max) {
+		rules_error(c, key, "%ld is out of range %ld..%ld", (long)d, min, max);
+		return def;
+	}
+	return (long)d;
+}
+
+/* A string member: NULL when absent (or wrong, with an error). */
+static char *rules_string(struct rules_ctx *c, const cJSON *obj, const char *path,
+			  const char *name, int required)
+{
+	const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
+	char key[256];
+
+	rules_path(key, sizeof(key), path, name);
+	if (v == NULL) {
+		if (required)
+			rules_error(c, key, "is required");
+		return NULL;
+	}
+	if (!cJSON_IsString(v)) {
+		rules_error(c, key, "must be a string");
+		return NULL;
+	}
+	return strdup(v->valuestring);
+}
+
+static const cJSON *rules_object(struct rules_ctx *c, const cJSON *obj, const char *path,
+				 const char *name)
+{
+	const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
+	char key[256];
+
+	if (v == NULL)
+		return NULL;
+	if (!cJSON_IsObject(v)) {
+		rules_path(key, sizeof(key), path, name);
+		rules_error(c, key, "must be an object");
+		return NULL;
+	}
+	return v;
+}
+
+static void rules_matchlist_free(struct rules_matchlist *m)
+{
+	int i;
+
+	for (i = 0; i < m->n; i++) {
+		free(m->v[i].exchange);
+		topic_free(m->v[i].rk);
+	}
+	free(m->v);
+	m->v = NULL;
+	m->n = 0;
+}
+
+static void rules_parse_match(struct rules_ctx *c, const cJSON *obj, const char *path,
+			      struct rules_matchlist *out)
+{
+	static const char *const keys[] = { "exchange", "routing_key", NULL };
+	const cJSON *list = cJSON_GetObjectItemCaseSensitive(obj, "match"), *it;
+	char key[256], at[300];
+	int i = 0;
+
+	rules_path(key, sizeof(key), path, "match");
+	if (list == NULL) {
+		rules_error(c, key, "is required (a list of {exchange, routing_key})");
+		return;
+	}
+	if (!cJSON_IsArray(list)) {
+		rules_error(c, key, "must be a list");
+		return;
+	}
+	out->v = calloc((size_t)cJSON_GetArraySize(list) + 1, sizeof(*out->v));
+	cJSON_ArrayForEach(it, list)
+	{
+		struct rules_match *m = &out->v[out->n];
+		char *ex, *rk;
+
+		snprintf(at, sizeof(at), "%s[%d]", key, i++);
+		if (!cJSON_IsObject(it)) {
+			rules_error(c, at, "must be an object");
+			continue;
+		}
+		rules_known_keys(c, it, at, keys);
+		ex = rules_string(c, it, at, "exchange", 0);
+		rk = rules_string(c, it, at, "routing_key", 0);
+		if (ex && strcmp(ex, "*") == 0) {
+			free(ex);
+			ex = NULL;
+		}
+		m->exchange = ex;
+		m->rk = rk ? topic_compile(rk) : NULL;
+		free(rk);
+		out->n++;
+	}
+}
+
+static void rules_parse_claim_check(struct rules_ctx *c, const cJSON *obj,
+				    struct rules_claim_check *cc)
+{
+	static const char *const keys[] = { "match", "threshold", "store", "retention_s",
+					    "on_missing", NULL };
+	static const char *const store_keys[] = { "type", "path", NULL };
+	const cJSON *store;
+	char *s;
+
+	cc->enabled = 1;
+	rules_known_keys(c, obj, "claim_check", keys);
+	rules_parse_match(c, obj, "claim_check", &cc->match);
+	cc->threshold = rules_int(c, obj, "claim_check", "threshold", 65536, 0, 2147483647L);
+	cc->retention_s = rules_int(c, obj, "claim_check", "retention_s", 2592000, 0,
+				    100L * 365 * 86400);
+	cc->store = RULES_STORE_LMDB;
+	store = rules_object(c, obj, "claim_check", "store");
+	if (store) {
+		rules_known_keys(c, store, "claim_check.store", store_keys);
+		s = rules_string(c, store, "claim_check.store", "type", 0);
+		if (s && strcmp(s, "filesystem") == 0) {
+			cc->store = RULES_STORE_FILESYSTEM;
+			cc->store_path = rules_string(c, store, "claim_check.store", "path", 1);
+			if (cc->store_path && cc->store_path[0] != '/')
+				rules_error(c, "claim_check.store.path", "must be an absolute path");
+		} else if (s && strcmp(s, "lmdb") != 0) {
+			rules_error(c, "claim_check.store.type", "'%s' is not lmdb or filesystem", s);
+		} else if (cJSON_GetObjectItemCaseSensitive(store, "path")) {
+			rules_error(c, "claim_check.store.path", "only for type filesystem");
+		}
+		free(s);
+	}
+	cc->on_missing = RULES_MISSING_DEAD_LETTER;
+	s = rules_string(c, obj, "claim_check", "on_missing", 0);
+	if (s && strcmp(s, "pass") == 0)
+		cc->on_missing = RULES_MISSING_PASS;
+	else if (s && strcmp(s, "dead-letter") != 0)
+		rules_error(c, "claim_check.on_missing", "'%s' is not dead-letter or pass", s);
+	free(s);
+}
+
+static void rules_parse_schedule(struct rules_ctx *c, const cJSON *obj,
+				 struct rules_schedule *sc)
+{
+	static const char *const keys[] = { "match", "header", "engine", NULL };
+
+	sc->enabled = 1;
+	rules_known_keys(c, obj, "schedule", keys);
+	rules_parse_match(c, obj, "schedule", &sc->match);
+	sc->header = rules_string(c, obj, "schedule", "header", 0);
+	if (sc->header == NULL)
+		sc->header = strdup("x-delay");
+	else if (sc->header[0] == '\0')
+		rules_error(c, "schedule.header", "must not be empty");
+	sc->engine = rules_bool(c, obj, "schedule", "engine", 1);
+}
+
+static void rules_parse_idempotency(struct rules_ctx *c, const cJSON *list,
+				    struct rules_vhost *v)
+{
+	static const char *const keys[] = { "queue", "key", "lease_s", "retention_s",
+					    "in_progress_delay_s", NULL };
+	const cJSON *it;
+	char at[64];
+	int i = 0;
+
+	if (!cJSON_IsArray(list)) {
+		rules_error(c, "idempotency", "must be a list");
+		return;
+	}
+	v->idempotency = calloc((size_t)cJSON_GetArraySize(list) + 1, sizeof(*v->idempotency));
+	cJSON_ArrayForEach(it, list)
+	{
+		struct rules_idempotency *d = &v->idempotency[v->nidempotency];
+		char *key;
+
+		snprintf(at, sizeof(at), "idempotency[%d]", i++);
+		if (!cJSON_IsObject(it)) {
+			rules_error(c, at, "must be an object");
+			continue;
+		}
+		rules_known_keys(c, it, at, keys);
+		d->queue = rules_string(c, it, at, "queue", 1);
+		key = rules_string(c, it, at, "key", 0);
+		d->key = RULES_KEY_MESSAGE_ID;
+		if (key && strncmp(key, "header:", 7) == 0 && key[7]) {
+			d->key = RULES_KEY_HEADER;
+			d->key_name = strdup(key + 7);
+		} else if (key && strncmp(key, "json:", 5) == 0 && key[5]) {
+			d->key = RULES_KEY_JSON;
+			d->key_name = strdup(key + 5);
+		} else if (key && strcmp(key, "message-id") != 0) {
+			char kp[96];
+
+			snprintf(kp, sizeof(kp), "%s.key", at);
+			rules_error(c, kp, "'%s' is not message-id, header:NAME or json:FIELD", key);
+		}
+		free(key);
+		d->lease_s = rules_int(c, it, at, "lease_s", 30, 1, 86400);
+		d->retention_s = rules_int(c, it, at, "retention_s", 21600, 1, 365L * 86400);
+		d->in_progress_delay_s = rules_int(c, it, at, "in_progress_delay_s", 5, 0, 3600);
+		v->nidempotency++;
+	}
+}
+
+static void rules_vhost_free(struct rules_vhost *v)
+{
+	int i;
+
+	free(v->vhost);
+	free(v->file);
+	rules_matchlist_free(&v->claim_check.match);
+	free(v->claim_check.store_path);
+	rules_matchlist_free(&v->schedule.match);
+	free(v->schedule.header);
+	for (i = 0; i < v->nidempotency; i++) {
+		free(v->idempotency[i].queue);
+		free(v->idempotency[i].key_name);
+	}
+	free(v->idempotency);
+	memset(v, 0, sizeof(*v));
+}
+
+static char *rules_read(struct rules_ctx *c, const char *path)
+{
+	FILE *f = fopen(path, "rb");
+	char *buf;
+	size_t n;
+
+	if (f == NULL) {
+		rules_error(c, "(file)", "cannot open: %s", strerror(errno));
+		return NULL;
+	}
+	buf = malloc(RULES_MAX_FILE + 1);
+	n = buf ? fread(buf, 1, RULES_MAX_FILE + 1, f) : 0;
+	fclose(f);
+	if (buf == NULL)
+		return NULL;
+	if (n > RULES_MAX_FILE) {
+		rules_error(c, "(file)", "larger than %d bytes", RULES_MAX_FILE);
+		free(buf);
+		return NULL;
+	}
+	buf[n] = '\0';
+	return buf;
+}
+
+/* Parse one file into v; returns the number of errors in it. */
+static int rules_parse_file(struct rules_ctx *c, const char *path, struct rules_vhost *v)
+{
+	static const char *const keys[] = { "vhost", "reply_to", "claim_check", "schedule",
+					    "idempotency", NULL };
+	static const char *const reply_keys[] = { "enabled", NULL };
+	int before = c->nerrors;
+	const cJSON *o;
+	cJSON *root;
+	char *text = rules_read(c, path);
+
+	if (text == NULL)
+		return c->nerrors - before;
+	root = cJSON_Parse(text);
+	if (root == NULL) {
+		const char *at = cJSON_GetErrorPtr();
+		int line = 1;
+		const char *p;
+
+		for (p = text; at && p < at; p++)
+			line += *p == '\n';
+		rules_error(c, "(file)", "not valid JSON (near line %d)", line);
+		free(text);
+		return c->nerrors - before;
+	}
+	free(text);
+	if (!cJSON_IsObject(root)) {
+		rules_error(c, "(file)", "must be a JSON object");
+		cJSON_Delete(root);
+		return c->nerrors - before;
+	}
+	v->file = strdup(path);
+	rules_known_keys(c, root, "", keys);
+	v->vhost = rules_string(c, root, "", "vhost", 1);
+	o = rules_object(c, root, "", "reply_to");
+	if (o) {
+		rules_known_keys(c, o, "reply_to", reply_keys);
+		v->reply_to = rules_bool(c, o, "reply_to", "enabled", 1);
+	}
+	o = rules_object(c, root, "", "claim_check");
+	if (o)
+		rules_parse_claim_check(c, o, &v->claim_check);
+	o = rules_object(c, root, "", "schedule");
+	if (o)
+		rules_parse_schedule(c, o, &v->schedule);
+	o = cJSON_GetObjectItemCaseSensitive(root, "idempotency");
+	if (o)
+		rules_parse_idempotency(c, o, v);
+	cJSON_Delete(root);
+	return c->nerrors - before;
+}
+
+static int rules_json_name(const char *name)
+{
+	size_t n = strlen(name);
+
+	return name[0] != '.' && n > 5 && strcmp(name + n - 5, ".json") == 0;
+}
+
+static int rules_cmp(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+struct rules *rules_load(const char *dir, FILE *err, int *nerrors)
+{
+	struct rules *r = calloc(1, sizeof(*r));
+	struct rules_ctx c = { dir, err, 0 };
+	char **names = NULL, path[4096];
+	int nnames = 0, i, j;
+	struct dirent *e;
+	DIR *d;
+
+	*nerrors = 0;
+	if (r == NULL)
+		return NULL;
+	r->refs = 1;
+	r->generation = __atomic_add_fetch(&rules_generation, 1, __ATOMIC_RELAXED);
+	if (dir == NULL || dir[0] == '\0')
+		return r;
+	d = opendir(dir);
+	if (d == NULL) {
+		rules_error(&c, "(directory)", "cannot open: %s", strerror(errno));
+		*nerrors = c.nerrors;
+		free(r);
+		return NULL;
+	}
+	while ((e = readdir(d)) != NULL) {
+		if (!rules_json_name(e->d_name))
+			continue;
+		names = realloc(names, (size_t)(nnames + 1) * sizeof(*names));
+		names[nnames++] = strdup(e->d_name);
+	}
+	closedir(d);
+	qsort(names, (size_t)nnames, sizeof(*names), rules_cmp);
+	r->v = calloc((size_t)nnames + 1, sizeof(*r->v));
+	for (i = 0; i < nnames; i++) {
+		struct rules_vhost *v = &r->v[r->n];
+
+		snprintf(path, sizeof(path), "%s/%s", dir, names[i]);
+		c.file = path;
+		if (rules_parse_file(&c, path, v) != 0) {
+			rules_vhost_free(v);
+			continue;
+		}
+		for (j = 0; j < r->n; j++) {
+			if (strcmp(r->v[j].vhost, v->vhost) == 0) {
+				rules_error(&c, "vhost", "'%s' is already named by %s", v->vhost,
+					    r->v[j].file);
+				break;
+			}
+		}
+		if (j < r->n) {
+			rules_vhost_free(v);
+			continue;
+		}
+		r->n++;
+	}
+	for (i = 0; i < nnames; i++)
+		free(names[i]);
+	free(names);
+	*nerrors = c.nerrors;
+	if (c.nerrors) {
+		rules_unref(r);
+		return NULL;
+	}
+	return r;
+}
+
+void rules_ref(struct rules *r)
+{
+	__atomic_add_fetch(&r->refs, 1, __ATOMIC_RELAXED);
+}
+
+void rules_unref(struct rules *r)
+{
+	int i;
+
+	if (r == NULL || __atomic_sub_fetch(&r->refs, 1, __ATOMIC_ACQ_REL) != 0)
+		return;
+	for (i = 0; i < r->n; i++)
+		rules_vhost_free(&r->v[i]);
+	free(r->v);
+	free(r);
+}
+
+const struct rules_vhost *rules_vhost(const struct rules *r, const char *vhost)
+{
+	int i;
+
+	if (r == NULL)
+		return NULL;
+	for (i = 0; i < r->n; i++)
+		if (strcmp(r->v[i].vhost, vhost) == 0)
+			return &r->v[i];
+	return NULL;
+}
+
+int rules_matches(const struct rules_matchlist *m, const char *exchange, size_t elen,
+		  const char *rk, size_t rklen)
+{
+	int i;
+
+	for (i = 0; i < m->n; i++) {
+		const struct rules_match *x = &m->v[i];
+
+		if (x->exchange &&
+		    (strlen(x->exchange) != elen || memcmp(x->exchange, exchange, elen) != 0))
+			continue;
+		if (x->rk && !topic_match(x->rk, rk, rklen))
+			continue;
+		return 1;
+	}
+	return 0;
+}

@@ -1,0 +1,78 @@
+/* rules: the per-vhost rules files, parsed, validated and compiled once. */
+#ifndef ACEMQ_RULES_H
+#define ACEMQ_RULES_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+struct topic;
+
+struct rules_match {
+	char *exchange;     /* NULL: any ("*" or missing) */
+	struct topic *rk;   /* NULL: any routing key */
+};
+
+struct rules_matchlist {
+	struct rules_match *v;
+	int n;
+};
+
+enum rules_store { RULES_STORE_LMDB, RULES_STORE_FILESYSTEM };
+enum rules_on_missing { RULES_MISSING_DEAD_LETTER, RULES_MISSING_PASS };
+enum rules_key { RULES_KEY_MESSAGE_ID, RULES_KEY_HEADER, RULES_KEY_JSON };
+
+struct rules_claim_check {
+	int enabled;
+	struct rules_matchlist match;
+	long threshold;
+	enum rules_store store;
+	char *store_path;
+	long retention_s;
+	enum rules_on_missing on_missing;
+};
+
+struct rules_schedule {
+	int enabled;
+	struct rules_matchlist match;
+	char *header;
+	int engine;
+};
+
+struct rules_idempotency {
+	char *queue;
+	enum rules_key key;
+	char *key_name; /* header name or JSON path */
+	long lease_s, retention_s, in_progress_delay_s;
+};
+
+struct rules_vhost {
+	char *vhost;
+	char *file;
+	int reply_to;
+	struct rules_claim_check claim_check;
+	struct rules_schedule schedule;
+	struct rules_idempotency *idempotency;
+	int nidempotency;
+};
+
+struct rules {
+	int refs; /* atomic */
+	uint64_t generation;
+	struct rules_vhost *v;
+	int n;
+};
+
+/* Load every *.json file of dir. Each error is printed to err as
+ * "FILE: KEY: why"; returns NULL and sets *nerrors when any file is bad
+ * (all-or-nothing), else a new set holding one reference. dir NULL or ""
+ * gives an empty set. */
+struct rules *rules_load(const char *dir, FILE *err, int *nerrors);
+void rules_ref(struct rules *r);
+void rules_unref(struct rules *r);
+const struct rules_vhost *rules_vhost(const struct rules *r, const char *vhost);
+/* Does a publish to exchange/routing key match the list? */
+int rules_matches(const struct rules_matchlist *m, const char *exchange, size_t elen,
+		  const char *rk, size_t rklen);
+
+#endif
