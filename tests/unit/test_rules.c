@@ -1,0 +1,285 @@
+/* test_rules: loading rules directories, every refusal with its file, key
+ * and reason, and compiled topic matching. */
+#include "src/rules.h"
+#include "src/topic.h"
+
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static char dir[64];
+static char errbuf[8192];
+
+static void fresh_dir(void)
+{
+	char cmd[128];
+
+	if (dir[0]) {
+		snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+		ck_assert_int_eq(system(cmd), 0);
+	}
+	strcpy(dir, "/tmp/acemq-rules-XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+}
+
+static void put(const char *name, const char *text)
+{
+	char path[256];
+	FILE *f;
+
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	f = fopen(path, "w");
+	fputs(text, f);
+	fclose(f);
+}
+
+static struct rules *load(int *nerr)
+{
+	FILE *err = fmemopen(errbuf, sizeof(errbuf), "w");
+	struct rules *r;
+
+	memset(errbuf, 0, sizeof(errbuf));
+	r = rules_load(dir, err, nerr);
+	fclose(err);
+	return r;
+}
+
+/* One bad file: refused, and the message names file, key and reason. */
+static void refused(const char *text, const char *key, const char *why)
+{
+	struct rules *r;
+	char want[512];
+	int n;
+
+	fresh_dir();
+	put("v.json", text);
+	r = load(&n);
+	ck_assert_msg(r == NULL, "accepted: %s", text);
+	ck_assert_int_ge(n, 1);
+	snprintf(want, sizeof(want), "%s/v.json: %s: %s", dir, key, why);
+	ck_assert_msg(strstr(errbuf, want) != NULL, "want '%s' in '%s'", want, errbuf);
+}
+
+static const char *design_example =
+	"{ \"vhost\": \"orders\", \"reply_to\": { \"enabled\": true },"
+	"  \"claim_check\": { \"match\": [ { \"exchange\": \"documents\", \"routing_key\": \"document.#\" } ],"
+	"     \"threshold\": 65536, \"store\": { \"type\": \"lmdb\" }, \"retention_s\": 2592000,"
+	"     \"on_missing\": \"dead-letter\" },"
+	"  \"schedule\": { \"match\": [ { \"exchange\": \"billing\" } ], \"header\": \"x-delay\", \"engine\": true },"
+	"  \"idempotency\": [ { \"queue\": \"orders.new\", \"key\": \"message-id\","
+	"     \"lease_s\": 30, \"retention_s\": 21600, \"in_progress_delay_s\": 5 } ] }";
+
+START_TEST(design_example_loads)
+{
+	const struct rules_vhost *v;
+	struct rules *r;
+	int n;
+
+	fresh_dir();
+	put("orders.json", design_example);
+	put("README.txt", "not a rules file");
+	put("other.json", "{\"vhost\": \"/\"}");
+	r = load(&n);
+	ck_assert_msg(r != NULL, "%s", errbuf);
+	ck_assert_int_eq(n, 0);
+	ck_assert_int_eq(r->n, 2);
+	v = rules_vhost(r, "orders");
+	ck_assert_ptr_nonnull(v);
+	ck_assert_int_eq(v->reply_to, 1);
+	ck_assert_int_eq(v->claim_check.enabled, 1);
+	ck_assert_int_eq(v->claim_check.threshold, 65536);
+	ck_assert_int_eq(v->claim_check.on_missing, RULES_MISSING_DEAD_LETTER);
+	ck_assert_int_eq(v->schedule.engine, 1);
+	ck_assert_str_eq(v->schedule.header, "x-delay");
+	ck_assert_int_eq(v->nidempotency, 1);
+	ck_assert_str_eq(v->idempotency[0].queue, "orders.new");
+	ck_assert_int_eq(v->idempotency[0].key, RULES_KEY_MESSAGE_ID);
+	ck_assert(rules_matches(&v->claim_check.match, "documents", 9, "document.pdf.big", 16));
+	ck_assert(!rules_matches(&v->claim_check.match, "documents", 9, "invoice.pdf", 11));
+	ck_assert(!rules_matches(&v->claim_check.match, "other", 5, "document.x", 10));
+	ck_assert(rules_matches(&v->schedule.match, "billing", 7, "anything.at.all", 15));
+	v = rules_vhost(r, "/");
+	ck_assert_ptr_nonnull(v);
+	ck_assert_int_eq(v->reply_to, 0);
+	ck_assert_int_eq(v->claim_check.enabled, 0);
+	ck_assert_ptr_null(rules_vhost(r, "nope"));
+	rules_unref(r);
+}
+END_TEST
+
+START_TEST(refusals)
+{
+	refused("{ \"vhost\": ", "(file)", "not valid JSON");
+	refused("[1, 2]", "(file)", "must be a JSON object");
+	refused("{}", "vhost", "is required");
+	refused("{\"vhost\": 3}", "vhost", "must be a string");
+	refused("{\"vhost\": \"a\", \"replyto\": {}}", "replyto", "unknown key");
+	refused("{\"vhost\": \"a\", \"reply_to\": {\"enabled\": \"yes\"}}", "reply_to.enabled",
+		"must be true or false");
+	refused("{\"vhost\": \"a\", \"reply_to\": {\"on\": true}}", "reply_to.on", "unknown key");
+	refused("{\"vhost\": \"a\", \"reply_to\": true}", "reply_to", "must be an object");
+	refused("{\"vhost\": \"a\", \"claim_check\": {}}", "claim_check.match", "is required");
+	refused("{\"vhost\": \"a\", \"claim_check\": {\"match\": {}}}", "claim_check.match",
+		"must be a list");
+	refused("{\"vhost\": \"a\", \"claim_check\": {\"match\": [{\"exchange\": 1}]}}",
+		"claim_check.match[0].exchange", "must be a string");
+	refused("{\"vhost\": \"a\", \"claim_check\": {\"match\": [{\"queue\": \"q\"}]}}",
+		"claim_check.match[0].queue", "unknown key");
+	refused("{\"vhost\": \"a\", \"claim_check\": {\"match\": [], \"threshold\": -1}}",
+		"claim_check.threshold", "-1 is out of range");
+	refused("{\"vhost\": \"a\", \"claim_check\": {\"match\": [], \"threshold\": 1.5}}",
+		"claim_check.threshold", "must be a whole number");
+	refused("{\"vhost\": \"a\", \"claim_check\": {\"match\": [], \"threshold\": \"big\"}}",
+		"claim_check.threshold", "must be a number");
+	refused("{\"vhost\": \"a\", \"claim_check\": {\"match\": [], \"on_missing\": \"drop\"}}",
+		"claim_check.on_missing", "'drop' is not dead-letter or pass");
+	refused("{\"vhost\": \"a\", \"claim_check\": {\"match\": [], \"store\": {\"type\": \"s3\"}}}",
+		"claim_check.store.type", "'s3' is not lmdb or filesystem");
+	refused("{\"vhost\": \"a\", \"claim_check\": {\"match\": [], \"store\": {\"type\": \"filesystem\"}}}",
+		"claim_check.store.path", "is required");
+	refused("{\"vhost\": \"a\", \"claim_check\": {\"match\": [], \"store\": {\"type\": \"filesystem\", \"path\": \"rel\"}}}",
+		"claim_check.store.path", "must be an absolute path");
+	refused("{\"vhost\": \"a\", \"schedule\": {\"match\": [], \"header\": \"\"}}",
+		"schedule.header", "must not be empty");
+	refused("{\"vhost\": \"a\", \"schedule\": {\"match\": [], \"engine\": 1}}",
+		"schedule.engine", "must be true or false");
+	refused("{\"vhost\": \"a\", \"idempotency\": {}}", "idempotency", "must be a list");
+	refused("{\"vhost\": \"a\", \"idempotency\": [{}]}", "idempotency[0].queue", "is required");
+	refused("{\"vhost\": \"a\", \"idempotency\": [{\"queue\": \"q\", \"key\": \"body\"}]}",
+		"idempotency[0].key", "'body' is not message-id, header:NAME or json:FIELD");
+	refused("{\"vhost\": \"a\", \"idempotency\": [{\"queue\": \"q\", \"lease_s\": 0}]}",
+		"idempotency[0].lease_s", "0 is out of range");
+}
+END_TEST
+
+START_TEST(duplicate_vhost_refused)
+{
+	struct rules *r;
+	int n;
+
+	fresh_dir();
+	put("a.json", "{\"vhost\": \"shared\"}");
+	put("b.json", "{\"vhost\": \"shared\", \"reply_to\": {\"enabled\": true}}");
+	r = load(&n);
+	ck_assert_ptr_null(r);
+	ck_assert_int_eq(n, 1);
+	ck_assert_ptr_nonnull(strstr(errbuf, "b.json: vhost: 'shared' is already named by"));
+	ck_assert_ptr_nonnull(strstr(errbuf, "a.json"));
+}
+END_TEST
+
+START_TEST(every_error_reported)
+{
+	struct rules *r;
+	int n;
+
+	fresh_dir();
+	put("a.json", "{\"vhost\": \"a\", \"bogus\": 1, \"reply_to\": {\"enabled\": 2}}");
+	put("b.json", "nonsense");
+	put("c.json", "{\"vhost\": \"c\"}");
+	r = load(&n);
+	ck_assert_ptr_null(r);
+	ck_assert_int_eq(n, 3);
+}
+END_TEST
+
+START_TEST(missing_directory)
+{
+	struct rules *r;
+	int n;
+
+	strcpy(dir, "/nonexistent/acemq-rules");
+	r = load(&n);
+	ck_assert_ptr_null(r);
+	ck_assert_int_eq(n, 1);
+	ck_assert_ptr_nonnull(strstr(errbuf, "(directory): cannot open"));
+	dir[0] = '\0';
+}
+END_TEST
+
+START_TEST(no_directory_is_empty_set)
+{
+	int n;
+	struct rules *r = rules_load("", stderr, &n);
+
+	ck_assert_ptr_nonnull(r);
+	ck_assert_int_eq(r->n, 0);
+	ck_assert_int_eq(n, 0);
+	rules_unref(r);
+}
+END_TEST
+
+static int tm(const char *pattern, const char *key)
+{
+	struct topic *t = topic_compile(pattern);
+	int m = topic_match(t, key, strlen(key));
+
+	topic_free(t);
+	return m;
+}
+
+START_TEST(topic_semantics)
+{
+	ck_assert(tm("a.b", "a.b"));
+	ck_assert(!tm("a.b", "a.b.c"));
+	ck_assert(tm("a.*", "a.b"));
+	ck_assert(!tm("a.*", "a"));
+	ck_assert(!tm("a.*", "a.b.c"));
+	ck_assert(tm("a.#", "a"));
+	ck_assert(tm("a.#", "a.b.c"));
+	ck_assert(tm("#", "anything.at.all"));
+	ck_assert(tm("#.z", "z"));
+	ck_assert(tm("#.z", "x.y.z"));
+	ck_assert(!tm("#.z", "x.y"));
+	ck_assert(tm("*.#.*", "a.b"));
+	ck_assert(!tm("*.#.*", "a"));
+	ck_assert(tm("a.#.b.#.c", "a.x.b.y.y.c"));
+	ck_assert(!tm("doc", "docs"));
+}
+END_TEST
+
+START_TEST(exchange_forms)
+{
+	struct rules *r;
+	const struct rules_vhost *v;
+	int n;
+
+	fresh_dir();
+	put("v.json", "{\"vhost\": \"v\", \"schedule\": {\"match\": ["
+		      "{\"exchange\": \"\"}, {\"exchange\": \"*\", \"routing_key\": \"late.*\"}]}}");
+	r = load(&n);
+	ck_assert_ptr_nonnull(r);
+	v = rules_vhost(r, "v");
+	ck_assert(rules_matches(&v->schedule.match, "", 0, "q", 1)); /* default exchange */
+	ck_assert(!rules_matches(&v->schedule.match, "x", 1, "q", 1));
+	ck_assert(rules_matches(&v->schedule.match, "x", 1, "late.q", 6));
+	rules_unref(r);
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("rules");
+	TCase *tc = tcase_create("core");
+	SRunner *sr;
+	int failed;
+
+	tcase_add_test(tc, design_example_loads);
+	tcase_add_test(tc, refusals);
+	tcase_add_test(tc, duplicate_vhost_refused);
+	tcase_add_test(tc, every_error_reported);
+	tcase_add_test(tc, missing_directory);
+	tcase_add_test(tc, no_directory_is_empty_set);
+	tcase_add_test(tc, topic_semantics);
+	tcase_add_test(tc, exchange_forms);
+	suite_add_tcase(s, tc);
+	sr = srunner_create(s);
+	srunner_set_fork_status(sr, CK_NOFORK);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
