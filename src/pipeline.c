@@ -146,28 +146,31 @@ static int pipeline_copy_body(struct pipe_msg *m, size_t frame_len)
 int pipeline_collect(struct session *s, struct channel *ch, struct pipe_msg *m,
 		     struct evbuffer *in, size_t frame_len, int frame_type)
 {
-	amqp_method_number_t id;
-	unsigned char *p;
+	uint8_t *p = NULL;
 	uint16_t cls;
 
 	if (evbuffer_get_length(m->raw) + frame_len >
 	    (size_t)worker_settings.max_message_size + 65536)
 		return -1;
+	if (frame_type == FRAME_METHOD || frame_type == FRAME_HEADER) {
+		/* rabbitmq-c decodes in place: give it bytes that stay put
+		 * while the frames move on. */
+		p = amqp_pool_alloc(&m->pool, frame_len);
+		if (p == NULL || evbuffer_copyout(in, p, frame_len) != (ev_ssize_t)frame_len)
+			return -1;
+		p += FRAME_HEADER_SIZE;
+	}
 	if (evbuffer_remove_buffer(in, m->raw, frame_len) != (int)frame_len)
 		return -1;
 	switch (frame_type) {
 	case FRAME_METHOD:
 		m->raw_method_len = frame_len;
-		return method_decode_evbuffer(m->raw, frame_len - FRAME_OVERHEAD,
-					      &m->pool, &m->method_id, &m->method) == 0
+		return method_decode(p, frame_len - FRAME_OVERHEAD, &m->pool, &m->method_id,
+				     &m->method) == 0
 			       ? 0
 			       : -1;
 	case FRAME_HEADER:
 		m->raw_header_len = frame_len;
-		p = evbuffer_pullup(m->raw, (ev_ssize_t)evbuffer_get_length(m->raw));
-		if (p == NULL)
-			return -1;
-		p += m->raw_method_len + FRAME_HEADER_SIZE;
 		content_header_peek(p, &cls, &m->body_size);
 		if (m->body_size > (uint64_t)worker_settings.max_message_size)
 			return -1;
@@ -182,7 +185,6 @@ int pipeline_collect(struct session *s, struct channel *ch, struct pipe_msg *m,
 	}
 	(void)s;
 	(void)ch;
-	(void)id;
 }
 
 /* Write a message out, re-encoding only the parts a hook changed. */

@@ -627,9 +627,10 @@ static int session_content_method(struct session *s, struct leg *from,
 		}
 		uint64_t client = tagmap_deliver(&ch->tags, *tagp, !no_ack);
 		if (client != *tagp) {
+			/* Encode before draining: the decoded strings point into in. */
 			*tagp = client;
-			evbuffer_drain(in, len);
 			method_write(session_out(s, DIR_TO_CLIENT), ch->id, id, decoded);
+			evbuffer_drain(in, len);
 			return 0;
 		}
 	}
