@@ -8,8 +8,7 @@
 
 #define CONTENT_PROPS_MAX 131072u
 
-static void content_put_frame_head(uint8_t *p, uint8_t type, uint16_t channel,
-				   uint32_t size)
+static void content_put_frame_head(uint8_t *p, uint8_t type, uint16_t channel, uint32_t size)
 {
 	p[0] = type;
 	p[1] = (uint8_t)(channel >> 8);
@@ -20,8 +19,7 @@ static void content_put_frame_head(uint8_t *p, uint8_t type, uint16_t channel,
 	p[6] = (uint8_t)size;
 }
 
-void content_header_peek(const uint8_t *payload, uint16_t *class_id,
-			 uint64_t *body_size)
+void content_header_peek(const uint8_t *payload, uint16_t *class_id, uint64_t *body_size)
 {
 	uint64_t n = 0;
 	int i;
@@ -49,9 +47,8 @@ int content_props_decode(const uint8_t *payload, size_t len, amqp_pool_t *pool,
 	return amqp_decode_properties(class_id, pool, enc, (void **)props);
 }
 
-int content_header_write(struct evbuffer *out, uint16_t channel,
-			 uint16_t class_id, uint64_t body_size,
-			 amqp_basic_properties_t *props)
+int content_header_write(struct evbuffer *out, uint16_t channel, uint16_t class_id,
+			 uint64_t body_size, amqp_basic_properties_t *props)
 {
 	static _Thread_local uint8_t scratch[CONTENT_PROPS_MAX];
 	uint8_t *p = scratch;
@@ -77,11 +74,11 @@ int content_header_write(struct evbuffer *out, uint16_t channel,
 	return evbuffer_add(out, p, FRAME_OVERHEAD + size);
 }
 
-int content_body_write(struct evbuffer *out, uint16_t channel,
-		       struct evbuffer *body, uint32_t frame_max)
+int content_body_write(struct evbuffer *out, uint16_t channel, struct evbuffer *body,
+		       uint32_t frame_max)
 {
-	uint32_t chunk = frame_max > FRAME_OVERHEAD ? frame_max - FRAME_OVERHEAD
-						     : 131072u - FRAME_OVERHEAD;
+	uint32_t chunk =
+	    frame_max > FRAME_OVERHEAD ? frame_max - FRAME_OVERHEAD : 131072u - FRAME_OVERHEAD;
 	uint8_t head[FRAME_HEADER_SIZE];
 	const uint8_t end = FRAME_END;
 

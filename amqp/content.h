@@ -12,28 +12,25 @@ struct evbuffer;
 #define CONTENT_HEADER_FIXED 12u /* class(2) weight(2) body size(8) */
 
 /* Read class and body size from a content header payload (len >= 12). */
-void content_header_peek(const uint8_t *payload, uint16_t *class_id,
-			 uint64_t *body_size);
+void content_header_peek(const uint8_t *payload, uint16_t *class_id, uint64_t *body_size);
 
 /* Decode the properties of a content header payload. 0 or amqp error. */
 int content_props_decode(const uint8_t *payload, size_t len, amqp_pool_t *pool,
 			 amqp_basic_properties_t **props);
 
 /* Append a content header frame for props. 0 or -1. */
-int content_header_write(struct evbuffer *out, uint16_t channel,
-			 uint16_t class_id, uint64_t body_size,
-			 amqp_basic_properties_t *props);
+int content_header_write(struct evbuffer *out, uint16_t channel, uint16_t class_id,
+			 uint64_t body_size, amqp_basic_properties_t *props);
 
 /* Move body bytes from body into out as body frames of at most frame_max
  * bytes each (frame_max 0 means no limit beyond the codec's). */
-int content_body_write(struct evbuffer *out, uint16_t channel,
-		       struct evbuffer *body, uint32_t frame_max);
+int content_body_write(struct evbuffer *out, uint16_t channel, struct evbuffer *body,
+		       uint32_t frame_max);
 
 /* rabbitmq-c exports its table codec without declaring it in a public
  * header; these are its signatures. */
-int amqp_decode_table(amqp_bytes_t encoded, amqp_pool_t *pool,
-		      amqp_table_t *output, size_t *offset);
-int amqp_encode_table(amqp_bytes_t encoded, amqp_table_t *input,
+int amqp_decode_table(amqp_bytes_t encoded, amqp_pool_t *pool, amqp_table_t *output,
 		      size_t *offset);
+int amqp_encode_table(amqp_bytes_t encoded, amqp_table_t *input, size_t *offset);
 
 #endif

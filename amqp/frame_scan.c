@@ -5,7 +5,7 @@
 #include <string.h>
 
 #define REPLY_FRAME_ERROR 501
-#define PEEK_LEN (FRAME_HEADER_SIZE + 12u) /* header and what frame_info keeps */
+#define PEEK_LEN          (FRAME_HEADER_SIZE + 12u) /* header and what frame_info keeps */
 
 static uint16_t frame_scan_u16(const uint8_t *p)
 {
@@ -14,8 +14,8 @@ static uint16_t frame_scan_u16(const uint8_t *p)
 
 static uint32_t frame_scan_u32(const uint8_t *p)
 {
-	return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) |
-	       ((uint32_t)p[2] << 8) | (uint32_t)p[3];
+	return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) |
+	       (uint32_t)p[3];
 }
 
 static int frame_scan_fail(struct frame_info *fi, const char *why)
@@ -75,8 +75,7 @@ static int frame_scan_head(const uint8_t *p, size_t have, uint32_t max_payload,
 	return FRAME_SCAN_OK;
 }
 
-int frame_scan_bytes(const uint8_t *p, size_t len, uint32_t max_payload,
-		     struct frame_info *fi)
+int frame_scan_bytes(const uint8_t *p, size_t len, uint32_t max_payload, struct frame_info *fi)
 {
 	int rc;
 
@@ -92,8 +91,8 @@ int frame_scan_bytes(const uint8_t *p, size_t len, uint32_t max_payload,
 	return FRAME_SCAN_OK;
 }
 
-int frame_scan_evbuffer(struct evbuffer *buf, size_t offset,
-			uint32_t max_payload, struct frame_info *fi)
+int frame_scan_evbuffer(struct evbuffer *buf, size_t offset, uint32_t max_payload,
+			struct frame_info *fi)
 {
 	uint8_t head[PEEK_LEN];
 	size_t len = evbuffer_get_length(buf);

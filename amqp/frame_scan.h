@@ -8,9 +8,9 @@
 struct evbuffer;
 
 #define FRAME_HEADER_SIZE 7u /* type(1) channel(2) size(4) */
-#define FRAME_OVERHEAD 8u    /* header plus the end octet */
-#define FRAME_END 0xCEu
-#define FRAME_MIN_SIZE 4096u /* frame_max floor the spec guarantees */
+#define FRAME_OVERHEAD    8u /* header plus the end octet */
+#define FRAME_END         0xCEu
+#define FRAME_MIN_SIZE    4096u /* frame_max floor the spec guarantees */
 
 enum frame_type {
 	FRAME_METHOD = 1,
@@ -44,12 +44,11 @@ static inline size_t frame_scan_wire_len(const struct frame_info *fi)
 
 /* Scan the frame at the front of p[0..len). max_payload bounds the payload
  * size (the negotiated frame_max minus FRAME_OVERHEAD). Never allocates. */
-int frame_scan_bytes(const uint8_t *p, size_t len, uint32_t max_payload,
-		     struct frame_info *fi);
+int frame_scan_bytes(const uint8_t *p, size_t len, uint32_t max_payload, struct frame_info *fi);
 
 /* The same over an evbuffer, for the frame starting offset bytes in; the
  * buffer is not modified. */
-int frame_scan_evbuffer(struct evbuffer *buf, size_t offset,
-			uint32_t max_payload, struct frame_info *fi);
+int frame_scan_evbuffer(struct evbuffer *buf, size_t offset, uint32_t max_payload,
+			struct frame_info *fi);
 
 #endif

@@ -42,8 +42,7 @@ int method_decode_evbuffer(struct evbuffer *buf, size_t len, amqp_pool_t *pool,
 	return method_decode(p + FRAME_HEADER_SIZE, len, pool, id, decoded);
 }
 
-int method_write(struct evbuffer *out, uint16_t channel, amqp_method_number_t id,
-		 void *decoded)
+int method_write(struct evbuffer *out, uint16_t channel, amqp_method_number_t id, void *decoded)
 {
 	static _Thread_local uint8_t scratch[METHOD_ENCODE_MAX];
 	uint8_t *p = scratch;
@@ -72,9 +71,8 @@ int method_write(struct evbuffer *out, uint16_t channel, amqp_method_number_t id
 	return evbuffer_add(out, p, FRAME_OVERHEAD + size);
 }
 
-int method_write_connection_close(struct evbuffer *out, uint16_t code,
-				  const char *text, uint16_t class_id,
-				  uint16_t method_id)
+int method_write_connection_close(struct evbuffer *out, uint16_t code, const char *text,
+				  uint16_t class_id, uint16_t method_id)
 {
 	amqp_connection_close_t m;
 
@@ -85,9 +83,8 @@ int method_write_connection_close(struct evbuffer *out, uint16_t code,
 	return method_write(out, 0, AMQP_CONNECTION_CLOSE_METHOD, &m);
 }
 
-int method_write_channel_close(struct evbuffer *out, uint16_t channel,
-			       uint16_t code, const char *text,
-			       uint16_t class_id, uint16_t method_id)
+int method_write_channel_close(struct evbuffer *out, uint16_t channel, uint16_t code,
+			       const char *text, uint16_t class_id, uint16_t method_id)
 {
 	amqp_channel_close_t m;
 
@@ -98,8 +95,7 @@ int method_write_channel_close(struct evbuffer *out, uint16_t channel,
 	return method_write(out, channel, AMQP_CHANNEL_CLOSE_METHOD, &m);
 }
 
-int method_write_basic_ack(struct evbuffer *out, uint16_t channel, uint64_t tag,
-			   int multiple)
+int method_write_basic_ack(struct evbuffer *out, uint16_t channel, uint64_t tag, int multiple)
 {
 	amqp_basic_ack_t m;
 

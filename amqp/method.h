@@ -9,7 +9,7 @@
 
 struct evbuffer;
 
-#define METHOD_ID(c, m) ((amqp_method_number_t)(((uint32_t)(c) << 16) | (m)))
+#define METHOD_ID(c, m)   ((amqp_method_number_t)(((uint32_t)(c) << 16) | (m)))
 #define METHOD_ENCODE_MAX 131072u /* largest method frame the proxy writes */
 
 /* Whether the method is followed by a content header and bodies. */
@@ -29,13 +29,10 @@ int method_write(struct evbuffer *out, uint16_t channel, amqp_method_number_t id
 		 void *decoded);
 
 /* Convenience writers for the methods the proxy originates. */
-int method_write_connection_close(struct evbuffer *out, uint16_t code,
-				  const char *text, uint16_t class_id,
-				  uint16_t method_id);
-int method_write_channel_close(struct evbuffer *out, uint16_t channel,
-			       uint16_t code, const char *text,
-			       uint16_t class_id, uint16_t method_id);
-int method_write_basic_ack(struct evbuffer *out, uint16_t channel, uint64_t tag,
-			   int multiple);
+int method_write_connection_close(struct evbuffer *out, uint16_t code, const char *text,
+				  uint16_t class_id, uint16_t method_id);
+int method_write_channel_close(struct evbuffer *out, uint16_t channel, uint16_t code,
+			       const char *text, uint16_t class_id, uint16_t method_id);
+int method_write_basic_ack(struct evbuffer *out, uint16_t channel, uint64_t tag, int multiple);
 
 #endif

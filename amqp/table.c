@@ -30,8 +30,7 @@ int table_get_string(const amqp_table_t *t, const char *key, amqp_bytes_t *out)
 	return 0;
 }
 
-int table_set_string(amqp_table_t *t, amqp_pool_t *pool, const char *key,
-		     amqp_bytes_t value)
+int table_set_string(amqp_table_t *t, amqp_pool_t *pool, const char *key, amqp_bytes_t value)
 {
 	int i = table_find(t, key);
 	amqp_table_entry_t *e;
@@ -45,8 +44,8 @@ int table_set_string(amqp_table_t *t, amqp_pool_t *pool, const char *key,
 	if (i >= 0) {
 		e = &t->entries[i];
 	} else {
-		amqp_table_entry_t *n = amqp_pool_alloc(
-			pool, (size_t)(t->num_entries + 1) * sizeof(*n));
+		amqp_table_entry_t *n =
+		    amqp_pool_alloc(pool, (size_t)(t->num_entries + 1) * sizeof(*n));
 		void *kcopy = amqp_pool_alloc(pool, klen);
 
 		if (n == NULL || kcopy == NULL)

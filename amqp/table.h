@@ -14,8 +14,7 @@ int table_get_string(const amqp_table_t *t, const char *key, amqp_bytes_t *out);
 
 /* Set key to a longstr value: replaced in place if present, else appended.
  * New storage comes from pool. 0 or -1. */
-int table_set_string(amqp_table_t *t, amqp_pool_t *pool, const char *key,
-		     amqp_bytes_t value);
+int table_set_string(amqp_table_t *t, amqp_pool_t *pool, const char *key, amqp_bytes_t value);
 
 /* Remove key if present (order of the rest kept). Returns 1 if removed. */
 int table_remove(amqp_table_t *t, const char *key);

@@ -973,11 +973,11 @@ static int bench_load(void)
 	snprintf(result, sizeof(result),
 		 "RESULT mode=load target=%s:%d size=%zu publishers=%d consumers=%d confirms=%d ack=%s prefetch=%d rate=%.0f prefill=%ld duration_s=%.3f published=%" PRIu64
 		 " confirmed=%" PRIu64 " nacked=%" PRIu64 " consumed=%" PRIu64
-		 " pub_rate=%.1f cons_rate=%.1f cons_mbps=%.2f",
+		 " consumed_bytes=%" PRIu64 " pub_rate=%.1f cons_rate=%.1f cons_mbps=%.2f",
 		 bench_opts.host, bench_opts.port, bench_opts.size, bench_opts.publishers,
 		 bench_opts.consumers, bench_opts.confirms, bench_opts.auto_ack ? "auto" : "manual",
 		 bench_opts.prefetch, bench_opts.rate, bench_opts.prefill, window_s, published,
-		 confirmed, nacked, consumed, (double)published / pub_s, (double)consumed / cons_s,
+		 confirmed, nacked, consumed, bytes, (double)published / pub_s, (double)consumed / cons_s,
 		 (double)bytes / cons_s / 1e6);
 	bench_print_latency("latency", "lat", &e2e, result, sizeof(result));
 	if (bench_opts.confirms)
@@ -986,6 +986,7 @@ static int bench_load(void)
 	for (i = 0; i < bench_opts.npids; i++) {
 		double cpu = after[i].cpu_s - before[i].cpu_s;
 		double per_m = consumed ? cpu * 1e6 / (double)consumed : 0;
+		double per_gb = bytes ? cpu * 1e9 / (double)bytes : 0;
 
 		if (!before[i].ok || !after[i].ok) {
 			fprintf(stderr, "acemq-bench: cannot read /proc/%d\n", (int)bench_opts.pids[i]);
@@ -997,9 +998,9 @@ static int bench_load(void)
 			       (int)bench_opts.pids[i], cpu, cpu * 100 / window_s, per_m,
 			       after[i].hwm_kb, after[i].rss_kb);
 		bench_append(result, sizeof(result),
-			     " pid%d=%d cpu%d_s=%.2f cpu%d_per_M=%.3f hwm%d_kb=%ld rss%d_kb=%ld", i,
-			     (int)bench_opts.pids[i], i, cpu, i, per_m, i, after[i].hwm_kb, i,
-			     after[i].rss_kb);
+			     " pid%d=%d cpu%d_s=%.2f cpu%d_per_M=%.3f cpu%d_per_GB=%.3f hwm%d_kb=%ld rss%d_kb=%ld",
+			     i, (int)bench_opts.pids[i], i, cpu, i, per_m, i, per_gb, i,
+			     after[i].hwm_kb, i, after[i].rss_kb);
 	}
 	if (getrusage(RUSAGE_SELF, &ru) == 0)
 		bench_append(result, sizeof(result), " bench_cpu_s=%.2f",

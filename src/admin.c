@@ -78,8 +78,7 @@ static void admin_config(struct evhttp_request *req, void *arg)
 		evbuffer_add(out, text, len);
 		free(text);
 	}
-	evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
-			  "text/plain");
+	evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "text/plain");
 	evhttp_send_reply(req, 200, "OK", out);
 	evbuffer_free(out);
 }

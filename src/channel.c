@@ -54,11 +54,10 @@ void channel_free(struct channel *ch)
 	free(ch);
 }
 
-int channel_consumer_add(struct channel *ch, const char *tag, size_t len,
-			 int no_ack)
+int channel_consumer_add(struct channel *ch, const char *tag, size_t len, int no_ack)
 {
 	struct chan_consumer *n =
-		realloc(ch->consumers, (size_t)(ch->nconsumers + 1) * sizeof(*n));
+	    realloc(ch->consumers, (size_t)(ch->nconsumers + 1) * sizeof(*n));
 
 	if (n == NULL)
 		return -1;
@@ -71,8 +70,7 @@ int channel_consumer_add(struct channel *ch, const char *tag, size_t len,
 	return 0;
 }
 
-static int channel_consumer_find(const struct channel *ch, const char *tag,
-				 size_t len)
+static int channel_consumer_find(const struct channel *ch, const char *tag, size_t len)
 {
 	int i;
 
@@ -107,8 +105,8 @@ int channel_content_method(struct channel *ch, enum chan_dir dir, int has_conten
 
 	if (c->expect != EXPECT_METHOD) {
 		*why = c->expect == EXPECT_HEADER
-			       ? "expected content header, got a method frame"
-			       : "expected content body, got a method frame";
+			   ? "expected content header, got a method frame"
+			   : "expected content body, got a method frame";
 		return REPLY_UNEXPECTED_FRAME;
 	}
 	if (has_content)
@@ -116,8 +114,8 @@ int channel_content_method(struct channel *ch, enum chan_dir dir, int has_conten
 	return 0;
 }
 
-int channel_content_header(struct channel *ch, enum chan_dir dir,
-			   uint16_t class_id, uint64_t body_size, const char **why)
+int channel_content_header(struct channel *ch, enum chan_dir dir, uint16_t class_id,
+			   uint64_t body_size, const char **why)
 {
 	struct chan_content *c = &ch->content[dir];
 
@@ -131,8 +129,7 @@ int channel_content_header(struct channel *ch, enum chan_dir dir,
 	return 0;
 }
 
-int channel_content_body(struct channel *ch, enum chan_dir dir, uint32_t size,
-			 const char **why)
+int channel_content_body(struct channel *ch, enum chan_dir dir, uint32_t size, const char **why)
 {
 	struct chan_content *c = &ch->content[dir];
 

@@ -16,9 +16,9 @@ enum chan_expect { EXPECT_METHOD, EXPECT_HEADER, EXPECT_BODY };
 struct chan_content {
 	uint8_t expect;
 	uint16_t class_id;
-	uint64_t remaining; /* body bytes still to come */
+	uint64_t remaining;   /* body bytes still to come */
 	struct pipe_msg *msg; /* being assembled for a hook, or NULL */
-	int skip;           /* content of a message the proxy drops */
+	int skip;             /* content of a message the proxy drops */
 };
 
 struct chan_consumer {
@@ -45,17 +45,15 @@ void channel_free(struct channel *ch);
 void channel_reset(struct channel *ch);
 
 /* Track a consumer (consume-ok gives the final tag), and look one up. */
-int channel_consumer_add(struct channel *ch, const char *tag, size_t len,
-			 int no_ack);
+int channel_consumer_add(struct channel *ch, const char *tag, size_t len, int no_ack);
 void channel_consumer_remove(struct channel *ch, const char *tag, size_t len);
-int channel_consumer_no_ack(const struct channel *ch, const char *tag,
-			    size_t len);
+int channel_consumer_no_ack(const struct channel *ch, const char *tag, size_t len);
 
 /* Content order: returns 0, or the reply code for an out-of-order frame. */
 int channel_content_method(struct channel *ch, enum chan_dir dir, int has_content,
 			   const char **why);
-int channel_content_header(struct channel *ch, enum chan_dir dir,
-			   uint16_t class_id, uint64_t body_size, const char **why);
+int channel_content_header(struct channel *ch, enum chan_dir dir, uint16_t class_id,
+			   uint64_t body_size, const char **why);
 int channel_content_body(struct channel *ch, enum chan_dir dir, uint32_t size,
 			 const char **why);
 

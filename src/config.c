@@ -20,9 +20,8 @@ struct config_setting {
 };
 
 static const struct config_setting config_table[CFG_COUNT] = {
-#define CONFIG_ROW(id, name, type, def, min, max, help) \
-	{ name, type, def, min, max, help },
-	CONFIG_SETTINGS(CONFIG_ROW)
+#define CONFIG_ROW(id, name, type, def, min, max, help) {name, type, def, min, max, help},
+    CONFIG_SETTINGS(CONFIG_ROW)
 #undef CONFIG_ROW
 };
 
@@ -66,8 +65,8 @@ int config_addr_split(const char *addr, char *host, size_t hostlen, int *port)
 	return 0;
 }
 
-static void config_error(struct config *cfg, FILE *err, const char *where,
-			 const char *name, const char *fmt, const char *arg)
+static void config_error(struct config *cfg, FILE *err, const char *where, const char *name,
+			 const char *fmt, const char *arg)
 {
 	fprintf(err, "%s: %s: ", where, name);
 	fprintf(err, fmt, arg);
@@ -88,9 +87,8 @@ static void config_clear(struct config_value *v)
 
 /* Set one value from text; append says a repeatable setting accumulates
  * within one source. */
-static void config_set(struct config *cfg, FILE *err, enum config_id id,
-		       const char *text, const char *source, const char *where,
-		       int append)
+static void config_set(struct config *cfg, FILE *err, enum config_id id, const char *text,
+		       const char *source, const char *where, int append)
 {
 	const struct config_setting *s = &config_table[id];
 	struct config_value *v = &cfg->v[id];
@@ -103,8 +101,7 @@ static void config_set(struct config *cfg, FILE *err, enum config_id id,
 	switch (s->type) {
 	case CFG_ADDR:
 		if (config_addr_split(text, host, sizeof(host), &port) != 0) {
-			config_error(cfg, err, where, s->name,
-				     "'%s' is not HOST:PORT", text);
+			config_error(cfg, err, where, s->name, "'%s' is not HOST:PORT", text);
 			return;
 		}
 		break;
@@ -118,11 +115,11 @@ static void config_set(struct config *cfg, FILE *err, enum config_id id,
 		for (tok = strtok_r(copy, ", ", &save); tok;
 		     tok = strtok_r(NULL, ", ", &save)) {
 			if (config_addr_split(tok, host, sizeof(host), &port) != 0)
-				config_error(cfg, err, where, s->name,
-					     "'%s' is not HOST:PORT", tok);
+				config_error(cfg, err, where, s->name, "'%s' is not HOST:PORT",
+					     tok);
 			else if (v->nlist == CONFIG_MAX_LISTEN)
-				config_error(cfg, err, where, s->name,
-					     "more than %s addresses", "16");
+				config_error(cfg, err, where, s->name, "more than %s addresses",
+					     "16");
 			else
 				v->list[v->nlist++] = strdup(tok);
 		}
@@ -133,13 +130,12 @@ static void config_set(struct config *cfg, FILE *err, enum config_id id,
 		errno = 0;
 		num = strtol(text, &end, 10);
 		if (errno || *text == '\0' || *end != '\0') {
-			config_error(cfg, err, where, s->name,
-				     "'%s' is not a number", text);
+			config_error(cfg, err, where, s->name, "'%s' is not a number", text);
 			return;
 		}
 		if (num < s->min || num > s->max) {
-			fprintf(err, "%s: %s: %ld is out of range %ld..%ld\n",
-				where, s->name, num, s->min, s->max);
+			fprintf(err, "%s: %s: %ld is out of range %ld..%ld\n", where, s->name,
+				num, s->min, s->max);
 			cfg->nerrors++;
 			return;
 		}
@@ -148,8 +144,7 @@ static void config_set(struct config *cfg, FILE *err, enum config_id id,
 	case CFG_LEVEL:
 		if (log_level_parse(text, &level) != 0) {
 			config_error(cfg, err, where, s->name,
-				     "'%s' is not error, warning, info or debug",
-				     text);
+				     "'%s' is not error, warning, info or debug", text);
 			return;
 		}
 		v->num = level;
@@ -205,8 +200,7 @@ static void config_read_file(struct config *cfg, FILE *err, const char *path)
 			continue;
 		eq = strchr(p, '=');
 		if (eq == NULL) {
-			config_error(cfg, err, where, p, "%s",
-				     "expected 'name = value'");
+			config_error(cfg, err, where, p, "%s", "expected 'name = value'");
 			continue;
 		}
 		*eq = '\0';
@@ -239,8 +233,7 @@ static void config_read_env(struct config *cfg, FILE *err)
 			var[j] = (char)toupper((unsigned char)var[j]);
 		val = getenv(var);
 		if (val != NULL)
-			config_set(cfg, err, (enum config_id)i, val,
-				   src_env, var, 0);
+			config_set(cfg, err, (enum config_id)i, val, src_env, var, 0);
 	}
 }
 
@@ -273,24 +266,23 @@ int config_load(struct config *cfg, int argc, char **argv, FILE *err)
 
 	memset(cfg, 0, sizeof(*cfg));
 	for (i = 0; i < CFG_COUNT; i++) {
-		config_set(cfg, err, (enum config_id)i, config_table[i].def,
-			   src_default, "default", 0);
+		config_set(cfg, err, (enum config_id)i, config_table[i].def, src_default,
+			   "default", 0);
 		snprintf(dashed[i], sizeof(dashed[i]), "%s", config_table[i].name);
 		for (c = 0; dashed[i][c]; c++)
 			if (dashed[i][c] == '_')
 				dashed[i][c] = '-';
-		opts[n++] = (struct option){ dashed[i], required_argument, NULL,
-					     OPT_SETTING + i };
+		opts[n++] =
+		    (struct option){dashed[i], required_argument, NULL, OPT_SETTING + i};
 		if (strcmp(dashed[i], config_table[i].name) != 0)
-			opts[n++] = (struct option){ config_table[i].name,
-						     required_argument, NULL,
-						     OPT_SETTING + i };
+			opts[n++] = (struct option){config_table[i].name, required_argument,
+						    NULL, OPT_SETTING + i};
 	}
-	opts[n++] = (struct option){ "check-config", no_argument, NULL, OPT_CHECK };
-	opts[n++] = (struct option){ "version", no_argument, NULL, OPT_VERSION };
-	opts[n++] = (struct option){ "help", no_argument, NULL, OPT_HELP };
-	opts[n++] = (struct option){ "config", required_argument, NULL, 'c' };
-	opts[n] = (struct option){ NULL, 0, NULL, 0 };
+	opts[n++] = (struct option){"check-config", no_argument, NULL, OPT_CHECK};
+	opts[n++] = (struct option){"version", no_argument, NULL, OPT_VERSION};
+	opts[n++] = (struct option){"help", no_argument, NULL, OPT_HELP};
+	opts[n++] = (struct option){"config", required_argument, NULL, 'c'};
+	opts[n] = (struct option){NULL, 0, NULL, 0};
 
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "c:h", opts, NULL)) != -1) {
@@ -325,8 +317,7 @@ int config_load(struct config *cfg, int argc, char **argv, FILE *err)
 		char where[96];
 
 		snprintf(where, sizeof(where), "command line --%s", dashed[cli_id[i]]);
-		config_set(cfg, err, (enum config_id)cli_id[i], cli_val[i],
-			   src_cli, where, 1);
+		config_set(cfg, err, (enum config_id)cli_id[i], cli_val[i], src_cli, where, 1);
 	}
 	free(cli_val);
 	free(cli_id);

@@ -80,14 +80,15 @@ int listener_open(struct event_base *base, char *const *addrs, int naddrs,
 			return -1;
 		}
 		listener_socks[listener_count] = evconnlistener_new_bind(
-			base, listener_accept_cb, NULL,
-			LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE | LEV_OPT_CLOSE_ON_EXEC,
-			1024, res->ai_addr, (int)res->ai_addrlen);
+		    base, listener_accept_cb, NULL,
+		    LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE | LEV_OPT_CLOSE_ON_EXEC, 1024,
+		    res->ai_addr, (int)res->ai_addrlen);
 		freeaddrinfo(res);
 		if (listener_socks[listener_count] == NULL) {
 			int err = EVUTIL_SOCKET_ERROR();
 
-			log_error("listen %s: %s", addrs[i], evutil_socket_error_to_string(err));
+			log_error("listen %s: %s", addrs[i],
+				  evutil_socket_error_to_string(err));
 			return -1;
 		}
 		evconnlistener_set_error_cb(listener_socks[listener_count], listener_error_cb);

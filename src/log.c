@@ -10,7 +10,7 @@
 
 enum log_level log_threshold = LOG_INFO;
 
-static const char *const log_names[] = { "error", "warning", "info", "debug" };
+static const char *const log_names[] = {"error", "warning", "info", "debug"};
 
 int log_level_parse(const char *name, enum log_level *out)
 {

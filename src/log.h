@@ -8,15 +8,14 @@ extern enum log_level log_threshold;
 
 int log_level_parse(const char *name, enum log_level *out);
 const char *log_level_name(enum log_level level);
-void log_msg(enum log_level level, const char *fmt, ...)
-	__attribute__((format(printf, 2, 3)));
+void log_msg(enum log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-#define log_error(...) log_msg(LOG_ERROR, __VA_ARGS__)
+#define log_error(...)   log_msg(LOG_ERROR, __VA_ARGS__)
 #define log_warning(...) log_msg(LOG_WARNING, __VA_ARGS__)
-#define log_info(...) log_msg(LOG_INFO, __VA_ARGS__)
-#define log_debug(...)                                \
-	do {                                          \
-		if (log_threshold >= LOG_DEBUG)       \
+#define log_info(...)    log_msg(LOG_INFO, __VA_ARGS__)
+#define log_debug(...)                                   \
+	do {                                             \
+		if (log_threshold >= LOG_DEBUG)          \
 			log_msg(LOG_DEBUG, __VA_ARGS__); \
 	} while (0)
 

@@ -39,7 +39,8 @@ static int main_load_rules(char **errors)
 	r = rules_load(main_rules_dir, err, &nerr);
 	fclose(err);
 	if (r == NULL) {
-		for (line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save))
+		for (line = strtok_r(text, "\n", &save); line;
+		     line = strtok_r(NULL, "\n", &save))
 			log_error("rules: %s", line);
 		log_error("rules: %d error%s; the rules in force are kept", nerr,
 			  nerr == 1 ? "" : "s");
@@ -108,8 +109,8 @@ static int main_resolve_upstream(const char *addr)
 	}
 	memcpy(&worker_settings.upstream, res->ai_addr, res->ai_addrlen);
 	worker_settings.upstream_len = (int)res->ai_addrlen;
-	snprintf(worker_settings.upstream_name, sizeof(worker_settings.upstream_name),
-		 "%s", addr);
+	snprintf(worker_settings.upstream_name, sizeof(worker_settings.upstream_name), "%s",
+		 addr);
 	freeaddrinfo(res);
 	return 0;
 }
@@ -187,13 +188,12 @@ int main(int argc, char **argv)
 	if (main_load_rules(NULL) != 0)
 		return 1;
 	base = event_base_new();
-	if (listener_open(base, cfg.v[CFG_LISTEN].list, cfg.v[CFG_LISTEN].nlist,
-			  main_workers, main_nworkers,
-			  config_num(&cfg, CFG_MAX_CONNECTIONS)) != 0)
+	if (listener_open(base, cfg.v[CFG_LISTEN].list, cfg.v[CFG_LISTEN].nlist, main_workers,
+			  main_nworkers, config_num(&cfg, CFG_MAX_CONNECTIONS)) != 0)
 		return 1;
 	if (config_str(&cfg, CFG_ADMIN)[0] &&
-	    admin_open(base, config_str(&cfg, CFG_ADMIN), &cfg, main_workers,
-		       main_nworkers, main_load_rules) != 0)
+	    admin_open(base, config_str(&cfg, CFG_ADMIN), &cfg, main_workers, main_nworkers,
+		       main_load_rules) != 0)
 		return 1;
 	sigterm = evsignal_new(base, SIGTERM, main_stop_cb, base);
 	sigint = evsignal_new(base, SIGINT, main_stop_cb, base);

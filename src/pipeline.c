@@ -115,8 +115,7 @@ int pipeline_wants(struct session *s, struct channel *ch, enum pipe_kind kind,
 
 	for (i = 0; i < s->nhooks; i++)
 		if (s->hooks[i]->wants)
-			want |= s->hooks[i]->wants(s->hook_state[i], s, ch, kind, id,
-						   method);
+			want |= s->hooks[i]->wants(s->hook_state[i], s, ch, kind, id, method);
 	return want;
 }
 
@@ -167,8 +166,8 @@ int pipeline_collect(struct session *s, struct channel *ch, struct pipe_msg *m,
 		m->raw_method_len = frame_len;
 		return method_decode(p, frame_len - FRAME_OVERHEAD, &m->pool, &m->method_id,
 				     &m->method) == 0
-			       ? 0
-			       : -1;
+			   ? 0
+			   : -1;
 	case FRAME_HEADER:
 		m->raw_header_len = frame_len;
 		content_header_peek(p, &cls, &m->body_size);
@@ -176,8 +175,8 @@ int pipeline_collect(struct session *s, struct channel *ch, struct pipe_msg *m,
 			return -1;
 		return content_props_decode(p, frame_len - FRAME_OVERHEAD, &m->pool,
 					    &m->props) == 0
-			       ? 0
-			       : -1;
+			   ? 0
+			   : -1;
 	default:
 		if (m->want & PIPE_WANT_BODY)
 			return pipeline_copy_body(m, frame_len);
@@ -247,12 +246,10 @@ static int pipeline_deliver(struct session *s, struct channel *ch, struct pipe_m
 	return rc;
 }
 
-static void pipeline_settle_upstream(struct session *s, struct channel *ch,
-				     struct pipe_msg *m)
+static void pipeline_settle_upstream(struct session *s, struct channel *ch, struct pipe_msg *m)
 {
 	if (!m->no_ack)
-		method_write_basic_ack(session_out(s, DIR_TO_BROKER), ch->id,
-				       m->broker_tag, 0);
+		method_write_basic_ack(session_out(s, DIR_TO_BROKER), ch->id, m->broker_tag, 0);
 }
 
 int pipeline_complete(struct session *s, struct channel *ch, struct pipe_msg *m)
@@ -287,7 +284,7 @@ int pipeline_complete(struct session *s, struct channel *ch, struct pipe_msg *m)
 		if (m->kind != PIPE_RETURN)
 			pipeline_settle_upstream(s, ch, m);
 		if (m->kind == PIPE_GET_OK) {
-			amqp_basic_get_empty_t e = { amqp_empty_bytes };
+			amqp_basic_get_empty_t e = {amqp_empty_bytes};
 
 			method_write(session_out(s, DIR_TO_CLIENT), ch->id,
 				     AMQP_BASIC_GET_EMPTY_METHOD, &e);
@@ -311,22 +308,20 @@ int pipeline_release(struct session *s, struct channel *ch, struct pipe_msg *m)
 	return pipeline_deliver(s, ch, m);
 }
 
-int pipeline_requeue(struct session *s, struct channel *ch, struct pipe_msg *m,
-		     int requeue)
+int pipeline_requeue(struct session *s, struct channel *ch, struct pipe_msg *m, int requeue)
 {
 	tagmap_unhold(&ch->tags, m->broker_tag);
 	if (!m->no_ack) {
-		amqp_basic_nack_t n = { m->broker_tag, 0, (amqp_boolean_t)requeue };
+		amqp_basic_nack_t n = {m->broker_tag, 0, (amqp_boolean_t)requeue};
 
-		method_write(session_out(s, DIR_TO_BROKER), ch->id,
-			     AMQP_BASIC_NACK_METHOD, &n);
+		method_write(session_out(s, DIR_TO_BROKER), ch->id, AMQP_BASIC_NACK_METHOD, &n);
 	}
 	pipe_msg_free(m);
 	return 0;
 }
 
-void pipeline_settled(struct session *s, struct channel *ch,
-		      amqp_method_number_t how, uint64_t broker_tag)
+void pipeline_settled(struct session *s, struct channel *ch, amqp_method_number_t how,
+		      uint64_t broker_tag)
 {
 	int i;
 

@@ -34,13 +34,13 @@ struct pipe_msg {
 	void *method; /* decoded: amqp_basic_publish_t, _deliver_t, ... */
 	amqp_basic_properties_t *props;
 	uint64_t body_size;
-	struct evbuffer *raw;    /* the original frames, in order */
-	size_t raw_method_len;   /* bytes of the method frame in raw */
-	size_t raw_header_len;   /* bytes of the header frame in raw */
-	struct evbuffer *body;   /* payload bytes when a hook asked for them */
-	uint64_t broker_tag;     /* deliveries: the broker's delivery tag */
-	int no_ack;              /* deliveries: the client will not settle it */
-	int want;                /* union of what the hooks asked for */
+	struct evbuffer *raw;  /* the original frames, in order */
+	size_t raw_method_len; /* bytes of the method frame in raw */
+	size_t raw_header_len; /* bytes of the header frame in raw */
+	struct evbuffer *body; /* payload bytes when a hook asked for them */
+	uint64_t broker_tag;   /* deliveries: the broker's delivery tag */
+	int no_ack;            /* deliveries: the client will not settle it */
+	int want;              /* union of what the hooks asked for */
 	unsigned method_dirty : 1, props_dirty : 1, body_dirty : 1;
 };
 
@@ -54,10 +54,10 @@ struct pipe_hook {
 	void *(*attach)(struct session *s);
 	void (*detach)(void *state);
 	/* Whether the hook wants this message; method is decoded. */
-	int (*wants)(void *state, struct session *s, struct channel *ch,
-		     enum pipe_kind kind, amqp_method_number_t id, void *method);
-	enum pipe_verdict (*message)(void *state, struct session *s,
-				     struct channel *ch, struct pipe_msg *m);
+	int (*wants)(void *state, struct session *s, struct channel *ch, enum pipe_kind kind,
+		     amqp_method_number_t id, void *method);
+	enum pipe_verdict (*message)(void *state, struct session *s, struct channel *ch,
+				     struct pipe_msg *m);
 	/* The client settled a delivery (basic.ack/nack/reject), broker tag. */
 	void (*settle)(void *state, struct session *s, struct channel *ch,
 		       amqp_method_number_t how, uint64_t broker_tag);
@@ -83,14 +83,13 @@ int pipeline_complete(struct session *s, struct channel *ch, struct pipe_msg *m)
 
 /* For hooks: forward a held delivery now, or give it back to the broker. */
 int pipeline_release(struct session *s, struct channel *ch, struct pipe_msg *m);
-int pipeline_requeue(struct session *s, struct channel *ch, struct pipe_msg *m,
-		     int requeue);
+int pipeline_requeue(struct session *s, struct channel *ch, struct pipe_msg *m, int requeue);
 
 /* Which hooks want a message; 0 if none. */
 int pipeline_wants(struct session *s, struct channel *ch, enum pipe_kind kind,
 		   amqp_method_number_t id, void *method);
-void pipeline_settled(struct session *s, struct channel *ch,
-		      amqp_method_number_t how, uint64_t broker_tag);
+void pipeline_settled(struct session *s, struct channel *ch, amqp_method_number_t how,
+		      uint64_t broker_tag);
 void pipeline_channel_closed(struct session *s, struct channel *ch);
 
 #endif

@@ -21,7 +21,7 @@ struct rules_ctx {
 static uint64_t rules_generation;
 
 static void rules_error(struct rules_ctx *c, const char *key, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
+    __attribute__((format(printf, 3, 4)));
 
 static void rules_error(struct rules_ctx *c, const char *key, const char *fmt, ...)
 {
@@ -43,14 +43,14 @@ static void rules_known_keys(struct rules_ctx *c, const cJSON *obj, const char *
 	char key[256];
 	int i, ok;
 
-	cJSON_ArrayForEach(it, obj)
-	{
+	cJSON_ArrayForEach (it, obj) {
 		ok = 0;
 		for (i = 0; allowed[i]; i++)
 			if (strcmp(it->string, allowed[i]) == 0)
 				ok = 1;
 		if (!ok) {
-			snprintf(key, sizeof(key), "%s%s%s", path, path[0] ? "." : "", it->string);
+			snprintf(key, sizeof(key), "%s%s%s", path, path[0] ? "." : "",
+				 it->string);
 			rules_error(c, key, "unknown key");
 		}
 	}
@@ -61,8 +61,8 @@ static void rules_path(char *out, size_t len, const char *path, const char *key)
 	snprintf(out, len, "%s%s%s", path, path[0] && key[0] != '[' ? "." : "", key);
 }
 
-static int rules_bool(struct rules_ctx *c, const cJSON *obj, const char *path,
-		      const char *name, int def)
+static int rules_bool(struct rules_ctx *c, const cJSON *obj, const char *path, const char *name,
+		      int def)
 {
 	const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
 	char key[256];
@@ -77,8 +77,8 @@ static int rules_bool(struct rules_ctx *c, const cJSON *obj, const char *path,
 	return cJSON_IsTrue(v);
 }
 
-static long rules_int(struct rules_ctx *c, const cJSON *obj, const char *path,
-		      const char *name, long def, long min, long max)
+static long rules_int(struct rules_ctx *c, const cJSON *obj, const char *path, const char *name,
+		      long def, long min, long max)
 {
 	const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
 	char key[256];
@@ -155,7 +155,7 @@ static void rules_matchlist_free(struct rules_matchlist *m)
 static void rules_parse_match(struct rules_ctx *c, const cJSON *obj, const char *path,
 			      struct rules_matchlist *out)
 {
-	static const char *const keys[] = { "exchange", "routing_key", NULL };
+	static const char *const keys[] = {"exchange", "routing_key", NULL};
 	const cJSON *list = cJSON_GetObjectItemCaseSensitive(obj, "match"), *it;
 	char key[256], at[300];
 	int i = 0;
@@ -170,8 +170,7 @@ static void rules_parse_match(struct rules_ctx *c, const cJSON *obj, const char 
 		return;
 	}
 	out->v = calloc((size_t)cJSON_GetArraySize(list) + 1, sizeof(*out->v));
-	cJSON_ArrayForEach(it, list)
-	{
+	cJSON_ArrayForEach (it, list) {
 		struct rules_match *m = &out->v[out->n];
 		char *ex, *rk;
 
@@ -197,9 +196,9 @@ static void rules_parse_match(struct rules_ctx *c, const cJSON *obj, const char 
 static void rules_parse_claim_check(struct rules_ctx *c, const cJSON *obj,
 				    struct rules_claim_check *cc)
 {
-	static const char *const keys[] = { "match", "threshold", "store", "retention_s",
-					    "on_missing", NULL };
-	static const char *const store_keys[] = { "type", "path", NULL };
+	static const char *const keys[] = {"match",       "threshold",  "store",
+					   "retention_s", "on_missing", NULL};
+	static const char *const store_keys[] = {"type", "path", NULL};
 	const cJSON *store;
 	char *s;
 
@@ -207,8 +206,8 @@ static void rules_parse_claim_check(struct rules_ctx *c, const cJSON *obj,
 	rules_known_keys(c, obj, "claim_check", keys);
 	rules_parse_match(c, obj, "claim_check", &cc->match);
 	cc->threshold = rules_int(c, obj, "claim_check", "threshold", 65536, 0, 2147483647L);
-	cc->retention_s = rules_int(c, obj, "claim_check", "retention_s", 2592000, 0,
-				    100L * 365 * 86400);
+	cc->retention_s =
+	    rules_int(c, obj, "claim_check", "retention_s", 2592000, 0, 100L * 365 * 86400);
 	cc->store = RULES_STORE_LMDB;
 	store = rules_object(c, obj, "claim_check", "store");
 	if (store) {
@@ -218,9 +217,11 @@ static void rules_parse_claim_check(struct rules_ctx *c, const cJSON *obj,
 			cc->store = RULES_STORE_FILESYSTEM;
 			cc->store_path = rules_string(c, store, "claim_check.store", "path", 1);
 			if (cc->store_path && cc->store_path[0] != '/')
-				rules_error(c, "claim_check.store.path", "must be an absolute path");
+				rules_error(c, "claim_check.store.path",
+					    "must be an absolute path");
 		} else if (s && strcmp(s, "lmdb") != 0) {
-			rules_error(c, "claim_check.store.type", "'%s' is not lmdb or filesystem", s);
+			rules_error(c, "claim_check.store.type",
+				    "'%s' is not lmdb or filesystem", s);
 		} else if (cJSON_GetObjectItemCaseSensitive(store, "path")) {
 			rules_error(c, "claim_check.store.path", "only for type filesystem");
 		}
@@ -238,7 +239,7 @@ static void rules_parse_claim_check(struct rules_ctx *c, const cJSON *obj,
 static void rules_parse_schedule(struct rules_ctx *c, const cJSON *obj,
 				 struct rules_schedule *sc)
 {
-	static const char *const keys[] = { "match", "header", "engine", NULL };
+	static const char *const keys[] = {"match", "header", "engine", NULL};
 
 	sc->enabled = 1;
 	rules_known_keys(c, obj, "schedule", keys);
@@ -254,8 +255,8 @@ static void rules_parse_schedule(struct rules_ctx *c, const cJSON *obj,
 static void rules_parse_idempotency(struct rules_ctx *c, const cJSON *list,
 				    struct rules_vhost *v)
 {
-	static const char *const keys[] = { "queue", "key", "lease_s", "retention_s",
-					    "in_progress_delay_s", NULL };
+	static const char *const keys[] = {
+	    "queue", "key", "lease_s", "retention_s", "in_progress_delay_s", NULL};
 	const cJSON *it;
 	char at[64];
 	int i = 0;
@@ -265,8 +266,7 @@ static void rules_parse_idempotency(struct rules_ctx *c, const cJSON *list,
 		return;
 	}
 	v->idempotency = calloc((size_t)cJSON_GetArraySize(list) + 1, sizeof(*v->idempotency));
-	cJSON_ArrayForEach(it, list)
-	{
+	cJSON_ArrayForEach (it, list) {
 		struct rules_idempotency *d = &v->idempotency[v->nidempotency];
 		char *key;
 
@@ -289,12 +289,14 @@ static void rules_parse_idempotency(struct rules_ctx *c, const cJSON *list,
 			char kp[96];
 
 			snprintf(kp, sizeof(kp), "%s.key", at);
-			rules_error(c, kp, "'%s' is not message-id, header:NAME or json:FIELD", key);
+			rules_error(c, kp, "'%s' is not message-id, header:NAME or json:FIELD",
+				    key);
 		}
 		free(key);
 		d->lease_s = rules_int(c, it, at, "lease_s", 30, 1, 86400);
 		d->retention_s = rules_int(c, it, at, "retention_s", 21600, 1, 365L * 86400);
-		d->in_progress_delay_s = rules_int(c, it, at, "in_progress_delay_s", 5, 0, 3600);
+		d->in_progress_delay_s =
+		    rules_int(c, it, at, "in_progress_delay_s", 5, 0, 3600);
 		v->nidempotency++;
 	}
 }
@@ -344,9 +346,9 @@ static char *rules_read(struct rules_ctx *c, const char *path)
 /* Parse one file into v; returns the number of errors in it. */
 static int rules_parse_file(struct rules_ctx *c, const char *path, struct rules_vhost *v)
 {
-	static const char *const keys[] = { "vhost", "reply_to", "claim_check", "schedule",
-					    "idempotency", NULL };
-	static const char *const reply_keys[] = { "enabled", NULL };
+	static const char *const keys[] = {"vhost",    "reply_to",    "claim_check",
+					   "schedule", "idempotency", NULL};
+	static const char *const reply_keys[] = {"enabled", NULL};
 	int before = c->nerrors;
 	const cJSON *o;
 	cJSON *root;
@@ -408,7 +410,7 @@ static int rules_cmp(const void *a, const void *b)
 struct rules *rules_load(const char *dir, FILE *err, int *nerrors)
 {
 	struct rules *r = calloc(1, sizeof(*r));
-	struct rules_ctx c = { dir, err, 0 };
+	struct rules_ctx c = {dir, err, 0};
 	char **names = NULL, path[4096];
 	int nnames = 0, i, j;
 	struct dirent *e;
@@ -448,8 +450,8 @@ struct rules *rules_load(const char *dir, FILE *err, int *nerrors)
 		}
 		for (j = 0; j < r->n; j++) {
 			if (strcmp(r->v[j].vhost, v->vhost) == 0) {
-				rules_error(&c, "vhost", "'%s' is already named by %s", v->vhost,
-					    r->v[j].file);
+				rules_error(&c, "vhost", "'%s' is already named by %s",
+					    v->vhost, r->v[j].file);
 				break;
 			}
 		}

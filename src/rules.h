@@ -9,8 +9,8 @@
 struct topic;
 
 struct rules_match {
-	char *exchange;     /* NULL: any ("*" or missing) */
-	struct topic *rk;   /* NULL: any routing key */
+	char *exchange;   /* NULL: any ("*" or missing) */
+	struct topic *rk; /* NULL: any routing key */
 };
 
 struct rules_matchlist {

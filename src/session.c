@@ -9,6 +9,7 @@
 #include "rules.h"
 #include "worker.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
@@ -18,19 +19,18 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <arpa/inet.h>
 
-#define REPLY_CONNECTION_FORCED 320
-#define REPLY_FRAME_ERROR 501
-#define REPLY_SYNTAX_ERROR 502
-#define REPLY_CHANNEL_ERROR 504
-#define REPLY_UNEXPECTED_FRAME 505
-#define REPLY_PRECONDITION_FAILED 406
-#define REPLY_NOT_ALLOWED 530
-#define SESSION_CLOSE_WAIT_MS 2000
+#define REPLY_CONNECTION_FORCED     320
+#define REPLY_FRAME_ERROR           501
+#define REPLY_SYNTAX_ERROR          502
+#define REPLY_CHANNEL_ERROR         504
+#define REPLY_UNEXPECTED_FRAME      505
+#define REPLY_PRECONDITION_FAILED   406
+#define REPLY_NOT_ALLOWED           530
+#define SESSION_CLOSE_WAIT_MS       2000
 #define SESSION_FRAME_MAX_UNLIMITED (128u * 1024u * 1024u)
 
-static const uint8_t session_amqp_header[8] = { 'A', 'M', 'Q', 'P', 0, 0, 9, 1 };
+static const uint8_t session_amqp_header[8] = {'A', 'M', 'Q', 'P', 0, 0, 9, 1};
 static atomic_ullong session_next_id;
 
 static void session_read_cb(struct bufferevent *bev, void *arg);
@@ -118,8 +118,7 @@ static void session_timer_cb(evutil_socket_t fd, short what, void *arg)
 	switch (s->state) {
 	case SESSION_CONNECTING:
 		session_log(s, LOG_WARNING, "broker %s not reached within %ld ms",
-			    worker_settings.upstream_name,
-			    worker_settings.connect_timeout_ms);
+			    worker_settings.upstream_name, worker_settings.connect_timeout_ms);
 		s->w->stats.upstream_failures++;
 		session_free(s);
 		return;
@@ -137,7 +136,7 @@ static void session_timer_cb(evutil_socket_t fd, short what, void *arg)
 
 static void session_timer_set(struct session *s, long ms)
 {
-	struct timeval tv = { ms / 1000, (ms % 1000) * 1000 };
+	struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
 
 	evtimer_add(s->timer, &tv);
 }
@@ -214,8 +213,8 @@ void session_close(struct session *s, uint16_t code, const char *text)
 	if (s->upstream.bev && !s->upstream.eof && s->state >= SESSION_OPEN) {
 		out = bufferevent_get_output(s->upstream.bev);
 		method_write_connection_close(out, REPLY_CONNECTION_FORCED,
-					      "CONNECTION_FORCED - client closed by proxy",
-					      0, 0);
+					      "CONNECTION_FORCED - client closed by proxy", 0,
+					      0);
 		s->upstream.done = 0;
 	}
 	session_set_state(s, SESSION_CLOSING);
@@ -227,9 +226,8 @@ void session_close(struct session *s, uint16_t code, const char *text)
 }
 
 /* A frame from the client broke the protocol. */
-static void session_protocol_error(struct session *s, uint16_t code,
-				   const char *why, uint16_t class_id,
-				   uint16_t method_id)
+static void session_protocol_error(struct session *s, uint16_t code, const char *why,
+				   uint16_t class_id, uint16_t method_id)
 {
 	char text[256];
 
@@ -239,30 +237,29 @@ static void session_protocol_error(struct session *s, uint16_t code,
 	}
 	s->w->stats.protocol_errors++;
 	snprintf(text, sizeof(text), "%s - %s",
-		 code == REPLY_FRAME_ERROR	 ? "FRAME_ERROR"
+		 code == REPLY_FRAME_ERROR        ? "FRAME_ERROR"
 		 : code == REPLY_UNEXPECTED_FRAME ? "UNEXPECTED_FRAME"
-		 : code == REPLY_CHANNEL_ERROR	 ? "CHANNEL_ERROR"
-		 : code == REPLY_SYNTAX_ERROR	 ? "SYNTAX_ERROR"
-						 : "COMMAND_INVALID",
+		 : code == REPLY_CHANNEL_ERROR    ? "CHANNEL_ERROR"
+		 : code == REPLY_SYNTAX_ERROR     ? "SYNTAX_ERROR"
+						  : "COMMAND_INVALID",
 		 why);
 	if (s->client.bev && s->started) {
-		method_write_connection_close(bufferevent_get_output(s->client.bev),
-					      code, text, class_id, method_id);
+		method_write_connection_close(bufferevent_get_output(s->client.bev), code, text,
+					      class_id, method_id);
 	}
 	s->started = 0; /* the close is written: session_close adds none */
 	session_close(s, code, text);
 }
 
-static void session_leg_setup(struct session *s, struct leg *l,
-			      struct bufferevent *bev, enum chan_dir dir)
+static void session_leg_setup(struct session *s, struct leg *l, struct bufferevent *bev,
+			      enum chan_dir dir)
 {
 	l->bev = bev;
 	l->s = s;
 	l->dir = dir;
 	bufferevent_setcb(bev, session_read_cb, session_write_cb, session_event_cb, l);
 	bufferevent_setwatermark(bev, EV_READ, 0, (size_t)worker_settings.buffer_limit);
-	bufferevent_setwatermark(bev, EV_WRITE,
-				 (size_t)worker_settings.buffer_limit / 2, 0);
+	bufferevent_setwatermark(bev, EV_WRITE, (size_t)worker_settings.buffer_limit / 2, 0);
 }
 
 static void session_nodelay(evutil_socket_t fd)
@@ -294,8 +291,7 @@ static void session_format_peer(char *out, size_t len, const struct sockaddr *sa
 	}
 }
 
-struct session *session_new(struct worker *w, int fd, const struct sockaddr *sa,
-			    int salen)
+struct session *session_new(struct worker *w, int fd, const struct sockaddr *sa, int salen)
 {
 	struct session *s = calloc(1, sizeof(*s));
 	struct bufferevent *bev;
@@ -334,8 +330,7 @@ struct session *session_new(struct worker *w, int fd, const struct sockaddr *sa,
 
 static int session_connect_upstream(struct session *s)
 {
-	struct bufferevent *bev =
-		bufferevent_socket_new(s->w->base, -1, BEV_OPT_CLOSE_ON_FREE);
+	struct bufferevent *bev = bufferevent_socket_new(s->w->base, -1, BEV_OPT_CLOSE_ON_FREE);
 
 	if (bev == NULL)
 		return -1;
@@ -367,8 +362,8 @@ static int session_header(struct session *s)
 	if (memcmp(hdr, session_amqp_header, sizeof(hdr)) != 0) {
 		session_log(s, LOG_WARNING, "not an AMQP 0-9-1 protocol header");
 		s->w->stats.connections_refused++;
-		evbuffer_add(bufferevent_get_output(s->client.bev),
-			     session_amqp_header, sizeof(session_amqp_header));
+		evbuffer_add(bufferevent_get_output(s->client.bev), session_amqp_header,
+			     sizeof(session_amqp_header));
 		s->client.done = 1;
 		session_flush_and_go(s);
 		return -1;
@@ -389,7 +384,7 @@ static void session_tuned(struct session *s, const amqp_connection_tune_ok_t *t)
 	size_t room;
 
 	s->channel_max = t->channel_max ? t->channel_max : 65535;
-	s->frame_max = t->frame_max ? t->frame_max
+	s->frame_max = t->frame_max          ? t->frame_max
 		       : s->broker_frame_max ? s->broker_frame_max
 					     : SESSION_FRAME_MAX_UNLIMITED;
 	s->heartbeat = t->heartbeat;
@@ -463,12 +458,12 @@ static void session_emit_settle(void *arg, uint64_t tag, int multiple)
 	if (e->id == AMQP_BASIC_ACK_METHOD) {
 		method_write_basic_ack(e->out, e->channel, tag, multiple);
 	} else if (e->id == AMQP_BASIC_NACK_METHOD) {
-		amqp_basic_nack_t m = { tag, (amqp_boolean_t)multiple,
-					(amqp_boolean_t)e->requeue };
+		amqp_basic_nack_t m = {tag, (amqp_boolean_t)multiple,
+				       (amqp_boolean_t)e->requeue};
 
 		method_write(e->out, e->channel, AMQP_BASIC_NACK_METHOD, &m);
 	} else {
-		amqp_basic_reject_t m = { tag, (amqp_boolean_t)e->requeue };
+		amqp_basic_reject_t m = {tag, (amqp_boolean_t)e->requeue};
 
 		method_write(e->out, e->channel, AMQP_BASIC_REJECT_METHOD, &m);
 	}
@@ -489,10 +484,10 @@ static void session_emit_settle_noted(void *arg, uint64_t tag, int multiple)
 }
 
 /* A client's ack, nack or reject on a channel whose tags are mapped. */
-static int session_client_settle(struct session *s, struct channel *ch,
-				 amqp_method_number_t id, void *decoded)
+static int session_client_settle(struct session *s, struct channel *ch, amqp_method_number_t id,
+				 void *decoded)
 {
-	struct session_settle_note n = { s, ch, { session_out(s, DIR_TO_BROKER), ch->id, id, 0 } };
+	struct session_settle_note n = {s, ch, {session_out(s, DIR_TO_BROKER), ch->id, id, 0}};
 	uint64_t tag;
 	int multiple = 0;
 	char why[96];
@@ -519,13 +514,13 @@ static int session_client_settle(struct session *s, struct channel *ch,
 		snprintf(why, sizeof(why), "PRECONDITION_FAILED - unknown delivery tag %llu",
 			 (unsigned long long)tag);
 		method_write_channel_close(session_out(s, DIR_TO_CLIENT), ch->id,
-					   REPLY_PRECONDITION_FAILED, why,
-					   (uint16_t)(id >> 16), (uint16_t)id);
+					   REPLY_PRECONDITION_FAILED, why, (uint16_t)(id >> 16),
+					   (uint16_t)id);
 		/* The broker's side of the channel is closed too; its
 		 * close-ok is dropped on the way back. */
 		method_write_channel_close(session_out(s, DIR_TO_BROKER), ch->id,
-					   REPLY_PRECONDITION_FAILED, why,
-					   (uint16_t)(id >> 16), (uint16_t)id);
+					   REPLY_PRECONDITION_FAILED, why, (uint16_t)(id >> 16),
+					   (uint16_t)id);
 		ch->proxy_closing = 1;
 	}
 	return 0;
@@ -535,7 +530,7 @@ static int session_client_settle(struct session *s, struct channel *ch,
 static void session_broker_confirm(struct session *s, struct channel *ch,
 				   amqp_method_number_t id, void *decoded)
 {
-	struct session_emit e = { session_out(s, DIR_TO_CLIENT), ch->id, id, 0 };
+	struct session_emit e = {session_out(s, DIR_TO_CLIENT), ch->id, id, 0};
 	uint64_t tag;
 	int multiple;
 
@@ -552,15 +547,16 @@ static void session_broker_confirm(struct session *s, struct channel *ch,
 		e.requeue = m->requeue;
 	}
 	if (confirmmap_settle(&ch->confirms, tag, multiple, session_emit_settle, &e) != 0)
-		session_log(s, LOG_WARNING, "broker confirmed unknown sequence %llu on channel %u",
+		session_log(s, LOG_WARNING,
+			    "broker confirmed unknown sequence %llu on channel %u",
 			    (unsigned long long)tag, ch->id);
 }
 
 /* Decide what a delivery-like method means for tags and hooks. The method
  * frame is at the front of from's input. */
-static int session_content_method(struct session *s, struct leg *from,
-				  struct channel *ch, const struct frame_info *fi,
-				  amqp_method_number_t id, void *decoded)
+static int session_content_method(struct session *s, struct leg *from, struct channel *ch,
+				  const struct frame_info *fi, amqp_method_number_t id,
+				  void *decoded)
 {
 	enum pipe_kind kind;
 	struct pipe_msg *m;
@@ -640,8 +636,8 @@ static int session_content_method(struct session *s, struct leg *from,
 
 /* A method frame the proxy must read. It is at the front of from's input.
  * Returns 0 to go on, -1 if the session closed. */
-static int session_method(struct session *s, struct leg *from,
-			  const struct frame_info *fi, struct channel *ch)
+static int session_method(struct session *s, struct leg *from, const struct frame_info *fi,
+			  struct channel *ch)
 {
 	struct evbuffer *in = bufferevent_get_input(from->bev);
 	size_t len = frame_scan_wire_len(fi);
@@ -655,8 +651,8 @@ static int session_method(struct session *s, struct leg *from,
 		recycle_amqp_pool(pool);
 		if (to_broker) {
 			session_protocol_error(s, REPLY_SYNTAX_ERROR,
-					       "method arguments do not decode",
-					       fi->class_id, fi->method_id);
+					       "method arguments do not decode", fi->class_id,
+					       fi->method_id);
 			return -1;
 		}
 		session_forward(s, from, len); /* the broker's; pass it on */
@@ -786,8 +782,8 @@ static int session_method(struct session *s, struct leg *from,
 /* Does this frame need more than a byte move? Validates content order on
  * the client's side as it goes. Returns 1 to look, 0 to move, -1 on a
  * protocol error (session closing). */
-static int session_classify(struct session *s, struct leg *from,
-			    const struct frame_info *fi, struct channel **chp)
+static int session_classify(struct session *s, struct leg *from, const struct frame_info *fi,
+			    struct channel **chp)
 {
 	struct channel *ch = NULL;
 	const char *why = NULL;
@@ -832,7 +828,8 @@ static int session_classify(struct session *s, struct leg *from,
 		amqp_method_number_t id = METHOD_ID(fi->class_id, fi->method_id);
 
 		if (to_broker || ch->content[from->dir].msg) {
-			code = channel_content_method(ch, from->dir, method_has_content(id), &why);
+			code =
+			    channel_content_method(ch, from->dir, method_has_content(id), &why);
 			if (code)
 				goto bad;
 		}
@@ -865,8 +862,8 @@ bad:
 }
 
 /* A content frame of a message being assembled for a hook. */
-static int session_content(struct session *s, struct leg *from,
-			   const struct frame_info *fi, struct channel *ch)
+static int session_content(struct session *s, struct leg *from, const struct frame_info *fi,
+			   struct channel *ch)
 {
 	struct chan_content *c = &ch->content[from->dir];
 	struct evbuffer *in = bufferevent_get_input(from->bev);
@@ -902,7 +899,7 @@ static void session_closing_frame(struct session *s, struct leg *from,
 		if (fi->method_id == 50 && from->bev)
 			method_write(bufferevent_get_output(from->bev), 0,
 				     AMQP_CONNECTION_CLOSE_OK_METHOD,
-				     &(amqp_connection_close_ok_t){ 0 });
+				     &(amqp_connection_close_ok_t){0});
 		from->done = 1;
 	}
 	evbuffer_drain(in, frame_scan_wire_len(fi));
@@ -959,7 +956,8 @@ static int session_pump(struct session *s, struct leg *from)
 		max = s->frame_max > FRAME_OVERHEAD ? s->frame_max - FRAME_OVERHEAD : 0;
 		if (from->dir == DIR_TO_CLIENT &&
 		    max < (uint32_t)worker_settings.max_frame_pre_tune)
-			max = (uint32_t)worker_settings.max_frame_pre_tune; /* trust the broker's tune */
+			max = (uint32_t)worker_settings
+				  .max_frame_pre_tune; /* trust the broker's tune */
 		rc = frame_scan_evbuffer(in, run, max, &fi);
 		if (rc == FRAME_SCAN_AGAIN)
 			break;
@@ -967,8 +965,8 @@ static int session_pump(struct session *s, struct leg *from)
 			if (run && out)
 				evbuffer_remove_buffer(in, out, run);
 			if (from->dir == DIR_TO_BROKER) {
-				session_protocol_error(s, fi.reply_code, fi.error,
-						       fi.class_id, fi.method_id);
+				session_protocol_error(s, fi.reply_code, fi.error, fi.class_id,
+						       fi.method_id);
 			} else {
 				session_log(s, LOG_WARNING, "broker sent a bad frame: %s",
 					    fi.error);

@@ -27,7 +27,7 @@ enum session_state {
 struct leg {
 	struct bufferevent *bev;
 	struct session *s;
-	enum chan_dir dir;  /* direction of the frames this leg reads */
+	enum chan_dir dir;   /* direction of the frames this leg reads */
 	unsigned paused : 1; /* reads stopped: the other leg's output is full */
 	unsigned eof : 1;    /* the peer closed or failed */
 	unsigned done : 1;   /* CLOSING: this leg finished its close handshake */
@@ -41,11 +41,11 @@ struct session {
 	char peer[64];
 	char vhost[128];
 	char user[128];
-	uint32_t frame_max;       /* negotiated; bounds every frame */
+	uint32_t frame_max;        /* negotiated; bounds every frame */
 	uint32_t broker_frame_max; /* from connection.tune */
 	uint16_t channel_max;
 	uint16_t heartbeat;
-	unsigned started : 1;   /* connection.start reached the client */
+	unsigned started : 1;    /* connection.start reached the client */
 	unsigned close_seen : 1; /* a connection.close passed through */
 	unsigned logged_error : 1;
 	struct channel **chans;
@@ -61,8 +61,7 @@ struct session {
 };
 
 /* Take over an accepted socket. */
-struct session *session_new(struct worker *w, int fd, const struct sockaddr *sa,
-			    int salen);
+struct session *session_new(struct worker *w, int fd, const struct sockaddr *sa, int salen);
 /* Close both legs with connection.close code (the proxy's own close). */
 void session_close(struct session *s, uint16_t code, const char *text);
 
@@ -71,10 +70,9 @@ struct channel *session_channel(struct session *s, uint16_t id);
 /* The rules for the session's vhost as of now, or NULL. */
 const struct rules_vhost *session_rules(struct session *s);
 
-#define session_log(s, level, fmt, ...)                                       \
-	log_msg(level, "c=%llu client=%s vhost=%s user=%s " fmt,              \
-		(unsigned long long)(s)->id, (s)->peer,                       \
-		(s)->vhost[0] ? (s)->vhost : "-", (s)->user[0] ? (s)->user : "-", \
+#define session_log(s, level, fmt, ...)                                                       \
+	log_msg(level, "c=%llu client=%s vhost=%s user=%s " fmt, (unsigned long long)(s)->id, \
+		(s)->peer, (s)->vhost[0] ? (s)->vhost : "-", (s)->user[0] ? (s)->user : "-",  \
 		##__VA_ARGS__)
 
 #endif

@@ -4,23 +4,23 @@
 
 #include <stdint.h>
 
-#define STATS_COUNTERS(X)                                                    \
-	X(connections_accepted, "client connections accepted")               \
-	X(connections_closed, "client connections closed")                   \
-	X(connections_refused, "connections refused (limit or bad header)")  \
-	X(upstream_failures, "broker connections that failed or were lost")  \
-	X(protocol_errors, "connections closed for a protocol violation")    \
-	X(frames_to_broker, "frames forwarded to the broker")                \
-	X(frames_to_client, "frames forwarded to clients")                   \
-	X(bytes_to_broker, "bytes forwarded to the broker")                  \
-	X(bytes_to_client, "bytes forwarded to clients")                     \
-	X(messages_assembled, "messages assembled for a hook")               \
-	X(messages_swallowed, "deliveries swallowed by a hook")              \
-	X(publishes_answered, "publishes answered by the proxy")             \
+#define STATS_COUNTERS(X)                                                       \
+	X(connections_accepted, "client connections accepted")                  \
+	X(connections_closed, "client connections closed")                      \
+	X(connections_refused, "connections refused (limit or bad header)")     \
+	X(upstream_failures, "broker connections that failed or were lost")     \
+	X(protocol_errors, "connections closed for a protocol violation")       \
+	X(frames_to_broker, "frames forwarded to the broker")                   \
+	X(frames_to_client, "frames forwarded to clients")                      \
+	X(bytes_to_broker, "bytes forwarded to the broker")                     \
+	X(bytes_to_client, "bytes forwarded to clients")                        \
+	X(messages_assembled, "messages assembled for a hook")                  \
+	X(messages_swallowed, "deliveries swallowed by a hook")                 \
+	X(publishes_answered, "publishes answered by the proxy")                \
 	X(backpressure_pauses, "times a leg paused because the other was full") \
-	X(rules_reloads, "rules sets loaded after start")                    \
-	X(reply_to_header_added, "acemq-reply-to headers added")             \
-	X(reply_to_property_set, "reply-to properties set from the header")  \
+	X(rules_reloads, "rules sets loaded after start")                       \
+	X(reply_to_header_added, "acemq-reply-to headers added")                \
+	X(reply_to_property_set, "reply-to properties set from the header")     \
 	X(reply_to_mismatch, "messages whose header and property differed")
 
 struct stats {

@@ -138,8 +138,8 @@ static int tagmap_held_below(const struct tagmap *tm, uint64_t broker_tag)
 	return 0;
 }
 
-int tagmap_settle(struct tagmap *tm, uint64_t client_tag, int multiple,
-		  tagmap_emit_fn emit, void *arg)
+int tagmap_settle(struct tagmap *tm, uint64_t client_tag, int multiple, tagmap_emit_fn emit,
+		  void *arg)
 {
 	struct tagmap_pairs *p = &tm->out;
 	size_t i, n = 0;

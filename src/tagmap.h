@@ -17,7 +17,7 @@ struct tagmap {
 	struct tagmap_pairs out; /* deliveries the client must still settle */
 	uint64_t *held;          /* broker tags the proxy holds, ascending */
 	size_t nheld, capheld;
-	uint64_t next_client;    /* last client delivery tag issued */
+	uint64_t next_client; /* last client delivery tag issued */
 };
 
 struct confirmmap {
@@ -40,8 +40,8 @@ int tagmap_hold(struct tagmap *tm, uint64_t broker_tag);
 void tagmap_unhold(struct tagmap *tm, uint64_t broker_tag);
 /* The client settles client_tag (multiple as in basic.ack/nack; tag 0 with
  * multiple means all). Emits the broker-side settles; -1 for an unknown tag. */
-int tagmap_settle(struct tagmap *tm, uint64_t client_tag, int multiple,
-		  tagmap_emit_fn emit, void *arg);
+int tagmap_settle(struct tagmap *tm, uint64_t client_tag, int multiple, tagmap_emit_fn emit,
+		  void *arg);
 size_t tagmap_outstanding(const struct tagmap *tm);
 
 void confirmmap_init(struct confirmmap *cm);

@@ -55,8 +55,8 @@ static int testhook_wants(void *state, struct session *s, struct channel *ch,
 	return kind == PIPE_RETURN ? PIPE_WANT_NONE : PIPE_WANT_MSG;
 }
 
-static enum pipe_verdict testhook_message(void *state, struct session *s,
-					  struct channel *ch, struct pipe_msg *m)
+static enum pipe_verdict testhook_message(void *state, struct session *s, struct channel *ch,
+					  struct pipe_msg *m)
 {
 	uint32_t *n = testhook_counter(state, ch->id, m->kind == PIPE_PUBLISH);
 
@@ -77,12 +77,12 @@ static void testhook_channel_closed(void *state, struct session *s, struct chann
 }
 
 static const struct pipe_hook testhook = {
-	.name = "test",
-	.attach = testhook_attach,
-	.detach = testhook_detach,
-	.wants = testhook_wants,
-	.message = testhook_message,
-	.channel_closed = testhook_channel_closed,
+    .name = "test",
+    .attach = testhook_attach,
+    .detach = testhook_detach,
+    .wants = testhook_wants,
+    .message = testhook_message,
+    .channel_closed = testhook_channel_closed,
 };
 
 void testhook_register(void)

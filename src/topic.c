@@ -63,8 +63,7 @@ void topic_free(struct topic *t)
 }
 
 /* Split the key into at most max words; returns the count, or -1 if more. */
-static int topic_split(const char *key, size_t len, const char **start, size_t *wlen,
-		       int max)
+static int topic_split(const char *key, size_t len, const char **start, size_t *wlen, int max)
 {
 	int n = 0;
 	size_t i, s = 0;

@@ -25,8 +25,8 @@ static void worker_drain_deadline(evutil_socket_t fd, short what, void *arg)
 	struct session *s, *next;
 
 	if (w->nsessions)
-		log_info("worker %d: closing %lu connections still open after %ld ms",
-			 w->index, w->nsessions, worker_settings.drain_timeout_ms);
+		log_info("worker %d: closing %lu connections still open after %ld ms", w->index,
+			 w->nsessions, worker_settings.drain_timeout_ms);
 	for (s = w->sessions; s; s = next) {
 		next = s->next;
 		session_close(s, 320, "CONNECTION_FORCED - proxy shutting down");
@@ -64,8 +64,8 @@ static void worker_notify_cb(evutil_socket_t fd, short what, void *arg)
 	free(q);
 
 	if (drain && !w->draining) {
-		struct timeval tv = { worker_settings.drain_timeout_ms / 1000,
-				      (worker_settings.drain_timeout_ms % 1000) * 1000 };
+		struct timeval tv = {worker_settings.drain_timeout_ms / 1000,
+				     (worker_settings.drain_timeout_ms % 1000) * 1000};
 
 		w->draining = 1;
 		w->drain_timer = evtimer_new(w->base, worker_drain_deadline, w);

@@ -43,13 +43,13 @@ struct worker {
 	pthread_mutex_t lock;
 	struct worker_accept *queue; /* sockets handed over, under lock */
 	int nqueue, capqueue;
-	int drain_request;           /* under lock */
+	int drain_request; /* under lock */
 	int draining;
 	struct event *drain_timer;
 	struct session *sessions;
 	unsigned long nsessions;
 	struct stats stats;
-	amqp_pool_t pool; /* scratch for decoding one frame at a time */
+	amqp_pool_t pool;            /* scratch for decoding one frame at a time */
 	struct rules *rules;         /* the set this worker applies */
 	struct rules *rules_pending; /* under lock: the next set */
 };

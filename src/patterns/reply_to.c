@@ -29,8 +29,7 @@ static int reply_to_equal(amqp_bytes_t a, amqp_bytes_t b)
 	return a.len == b.len && (a.len == 0 || memcmp(a.bytes, b.bytes, a.len) == 0);
 }
 
-static int reply_to_set_property(amqp_basic_properties_t *p, amqp_pool_t *pool,
-				 amqp_bytes_t v)
+static int reply_to_set_property(amqp_basic_properties_t *p, amqp_pool_t *pool, amqp_bytes_t v)
 {
 	void *copy = amqp_pool_alloc(pool, v.len ? v.len : 1);
 
@@ -43,8 +42,7 @@ static int reply_to_set_property(amqp_basic_properties_t *p, amqp_pool_t *pool,
 	return 0;
 }
 
-static int reply_to_add_header(amqp_basic_properties_t *p, amqp_pool_t *pool,
-			       amqp_bytes_t v)
+static int reply_to_add_header(amqp_basic_properties_t *p, amqp_pool_t *pool, amqp_bytes_t v)
 {
 	if (!(p->_flags & AMQP_BASIC_HEADERS_FLAG)) {
 		p->headers.num_entries = 0;
@@ -58,7 +56,7 @@ int reply_to_normalise(amqp_basic_properties_t *p, amqp_pool_t *pool, int publis
 {
 	int has_prop = (p->_flags & AMQP_BASIC_REPLY_TO_FLAG) != 0;
 	int has_head = 0;
-	amqp_bytes_t head = { 0, NULL }, prop = p->reply_to;
+	amqp_bytes_t head = {0, NULL}, prop = p->reply_to;
 	int change = 0;
 
 	if (p->_flags & AMQP_BASIC_HEADERS_FLAG)
@@ -134,8 +132,8 @@ static int reply_to_wants(void *state, struct session *s, struct channel *ch,
 	return PIPE_WANT_MSG;
 }
 
-static enum pipe_verdict reply_to_message(void *state, struct session *s,
-					  struct channel *ch, struct pipe_msg *m)
+static enum pipe_verdict reply_to_message(void *state, struct session *s, struct channel *ch,
+					  struct pipe_msg *m)
 {
 	int rc;
 
@@ -155,11 +153,11 @@ static enum pipe_verdict reply_to_message(void *state, struct session *s,
 }
 
 static const struct pipe_hook reply_to_hook = {
-	.name = "reply_to",
-	.rewrite_only = 1,
-	.attach = reply_to_attach,
-	.wants = reply_to_wants,
-	.message = reply_to_message,
+    .name = "reply_to",
+    .rewrite_only = 1,
+    .attach = reply_to_attach,
+    .wants = reply_to_wants,
+    .message = reply_to_message,
 };
 
 void reply_to_register(void)

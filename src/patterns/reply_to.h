@@ -9,10 +9,10 @@
 #define REPLY_TO_DIRECT "amq.rabbitmq.reply-to"
 
 enum reply_to_change {
-	REPLY_TO_SAME = 0,          /* nothing to do */
-	REPLY_TO_HEADER_ADDED = 1,  /* the header was copied from the property */
-	REPLY_TO_PROPERTY_SET = 2,  /* the property was copied from the header */
-	REPLY_TO_MISMATCH = 4,      /* both present and different: header won */
+	REPLY_TO_SAME = 0,           /* nothing to do */
+	REPLY_TO_HEADER_ADDED = 1,   /* the header was copied from the property */
+	REPLY_TO_PROPERTY_SET = 2,   /* the property was copied from the header */
+	REPLY_TO_MISMATCH = 4,       /* both present and different: header won */
 	REPLY_TO_HEADER_DROPPED = 8, /* a bare direct reply-to name left the header */
 };
 

@@ -13,7 +13,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	amqp_pool_t pool, pool2;
 	amqp_basic_properties_t *props, *again;
-	uint8_t head[CONTENT_HEADER_FIXED] = { 0, 60, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5 };
+	uint8_t head[CONTENT_HEADER_FIXED] = {0, 60, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5};
 	uint8_t *payload = malloc(size + sizeof(head));
 	struct evbuffer *out;
 	unsigned char *p;

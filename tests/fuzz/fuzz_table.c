@@ -10,7 +10,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	amqp_pool_t pool;
 	amqp_table_t table;
-	amqp_bytes_t in = { size, (void *)data };
+	amqp_bytes_t in = {size, (void *)data};
 	size_t off = 0, off2 = 0;
 	uint8_t *buf;
 

@@ -35,8 +35,8 @@ END_TEST
 START_TEST(deliver_round_trip)
 {
 	struct evbuffer *b = evbuffer_new();
-	amqp_basic_deliver_t d = { amqp_cstring_bytes("ctag-1"), 77, 1,
-				   amqp_cstring_bytes("ex"), amqp_cstring_bytes("rk.a") };
+	amqp_basic_deliver_t d = {amqp_cstring_bytes("ctag-1"), 77, 1, amqp_cstring_bytes("ex"),
+				  amqp_cstring_bytes("rk.a")};
 	amqp_basic_deliver_t *back;
 	struct frame_info fi;
 	amqp_method_number_t id;
@@ -82,7 +82,7 @@ END_TEST
 
 START_TEST(truncated_method_refused)
 {
-	static const uint8_t p[] = { 0, 60, 0, 40, 0, 0, 0, 200, 'q' };
+	static const uint8_t p[] = {0, 60, 0, 40, 0, 0, 0, 200, 'q'};
 	amqp_method_number_t id;
 	void *m;
 
@@ -128,8 +128,8 @@ static void all_props(amqp_basic_properties_t *p)
 		    AMQP_BASIC_PRIORITY_FLAG | AMQP_BASIC_CORRELATION_ID_FLAG |
 		    AMQP_BASIC_REPLY_TO_FLAG | AMQP_BASIC_EXPIRATION_FLAG |
 		    AMQP_BASIC_MESSAGE_ID_FLAG | AMQP_BASIC_TIMESTAMP_FLAG |
-		    AMQP_BASIC_TYPE_FLAG | AMQP_BASIC_USER_ID_FLAG |
-		    AMQP_BASIC_APP_ID_FLAG | AMQP_BASIC_CLUSTER_ID_FLAG;
+		    AMQP_BASIC_TYPE_FLAG | AMQP_BASIC_USER_ID_FLAG | AMQP_BASIC_APP_ID_FLAG |
+		    AMQP_BASIC_CLUSTER_ID_FLAG;
 	p->content_type = amqp_cstring_bytes("application/json");
 	p->content_encoding = amqp_cstring_bytes("gzip");
 	p->headers.num_entries = 4;
@@ -166,13 +166,15 @@ START_TEST(props_round_trip)
 	content_header_peek(raw + FRAME_HEADER_SIZE, &cls, &size);
 	ck_assert_uint_eq(cls, 60);
 	ck_assert_uint_eq(size, 1 << 20);
-	ck_assert_int_eq(content_props_decode(raw + FRAME_HEADER_SIZE, fi.size, &pool, &back), 0);
+	ck_assert_int_eq(content_props_decode(raw + FRAME_HEADER_SIZE, fi.size, &pool, &back),
+			 0);
 	ck_assert_uint_eq(back->_flags, p._flags);
 	ck_assert_uint_eq(back->priority, 7);
 	ck_assert_uint_eq(back->timestamp, 1700000001);
 	ck_assert_int_eq(back->headers.num_entries, 4);
 	ck_assert_int_eq(back->headers.entries[1].value.kind, AMQP_FIELD_KIND_TABLE);
-	ck_assert_int_eq(back->headers.entries[1].value.value.table.entries[0].value.value.i64, -5);
+	ck_assert_int_eq(back->headers.entries[1].value.value.table.entries[0].value.value.i64,
+			 -5);
 	/* Re-encoding what was decoded gives the same bytes. */
 	ck_assert_int_eq(content_header_write(b2, 5, AMQP_BASIC_CLASS, 1 << 20, back), 0);
 	ck_assert_uint_eq(evbuffer_get_length(b2), len);

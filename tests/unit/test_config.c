@@ -41,7 +41,7 @@ static int load(struct config *cfg, char **argv, int argc, char *errbuf, size_t 
 START_TEST(defaults)
 {
 	struct config cfg;
-	char *argv[] = { "acemq-proxy", NULL };
+	char *argv[] = {"acemq-proxy", NULL};
 	char err[1024] = "";
 
 	clear_env();
@@ -63,7 +63,7 @@ START_TEST(precedence)
 	write_file("# example\nupstream = 10.0.0.1:5672\nworkers = 3\nlog_level = debug\n"
 		   "listen = 127.0.0.1:6000\nlisten = [::1]:6001\n");
 	{
-		char *argv[] = { "acemq-proxy", "-c", path, NULL };
+		char *argv[] = {"acemq-proxy", "-c", path, NULL};
 
 		ck_assert_int_eq(load(&cfg, argv, 3, err, sizeof(err)), 0);
 		ck_assert_str_eq(config_str(&cfg, CFG_UPSTREAM), "10.0.0.1:5672");
@@ -75,19 +75,19 @@ START_TEST(precedence)
 	setenv("ACEMQ_PROXY_WORKERS", "5", 1);
 	setenv("ACEMQ_PROXY_UPSTREAM", "broker:5672", 1);
 	{
-		char *argv[] = { "acemq-proxy", "-c", path, "--workers", "7", NULL };
+		char *argv[] = {"acemq-proxy", "-c", path, "--workers", "7", NULL};
 
 		ck_assert_int_eq(load(&cfg, argv, 5, err, sizeof(err)), 0);
-		ck_assert_int_eq(config_num(&cfg, CFG_WORKERS), 7);          /* cli */
+		ck_assert_int_eq(config_num(&cfg, CFG_WORKERS), 7);              /* cli */
 		ck_assert_str_eq(config_str(&cfg, CFG_UPSTREAM), "broker:5672"); /* env */
-		ck_assert_int_eq(config_num(&cfg, CFG_LOG_LEVEL), 3);          /* file */
+		ck_assert_int_eq(config_num(&cfg, CFG_LOG_LEVEL), 3);            /* file */
 		ck_assert_str_eq(cfg.v[CFG_WORKERS].source, "command line");
 		ck_assert_str_eq(cfg.v[CFG_UPSTREAM].source, "environment");
 		config_free(&cfg);
 	}
 	{
-		char *argv[] = { "acemq-proxy", "--listen", "127.0.0.1:7000", "--listen",
-				 "[::1]:7001", NULL };
+		char *argv[] = {"acemq-proxy", "--listen",   "127.0.0.1:7000",
+				"--listen",    "[::1]:7001", NULL};
 
 		ck_assert_int_eq(load(&cfg, argv, 5, err, sizeof(err)), 0);
 		ck_assert_int_eq(cfg.v[CFG_LISTEN].nlist, 2);
@@ -108,7 +108,7 @@ START_TEST(every_error_reported_with_where)
 	write_file("workers = many\nnope = 1\nupstream = nohost\nlisten = 127.0.0.1:99999\n");
 	setenv("ACEMQ_PROXY_LOG_LEVEL", "loud", 1);
 	{
-		char *argv[] = { "acemq-proxy", "-c", path, "--buffer-limit", "12", NULL };
+		char *argv[] = {"acemq-proxy", "-c", path, "--buffer-limit", "12", NULL};
 
 		ck_assert_int_eq(load(&cfg, argv, 5, err, sizeof(err)), 6);
 	}
@@ -117,7 +117,8 @@ START_TEST(every_error_reported_with_where)
 	ck_assert_ptr_nonnull(strstr(err, ":3: upstream: 'nohost' is not HOST:PORT"));
 	ck_assert_ptr_nonnull(strstr(err, ":4: listen:"));
 	ck_assert_ptr_nonnull(strstr(err, "ACEMQ_PROXY_LOG_LEVEL: log_level: 'loud'"));
-	ck_assert_ptr_nonnull(strstr(err, "command line --buffer-limit: buffer_limit: 12 is out of range"));
+	ck_assert_ptr_nonnull(
+	    strstr(err, "command line --buffer-limit: buffer_limit: 12 is out of range"));
 	config_free(&cfg);
 	clear_env();
 	unlink(path);

@@ -8,8 +8,7 @@
 
 #define MAXP (131072u - 8u)
 
-static size_t frame(uint8_t *out, uint8_t type, uint16_t ch, const void *payload,
-		    uint32_t len)
+static size_t frame(uint8_t *out, uint8_t type, uint16_t ch, const void *payload, uint32_t len)
 {
 	out[0] = type;
 	out[1] = (uint8_t)(ch >> 8);
@@ -24,8 +23,8 @@ static size_t frame(uint8_t *out, uint8_t type, uint16_t ch, const void *payload
 	return len + 8;
 }
 
-static const uint8_t publish_args[] = { 0, 60, 0, 40, 0, 0, 0, 1, 'q', 0 };
-static const uint8_t header_args[] = { 0, 60, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 0x10, 0, 2 };
+static const uint8_t publish_args[] = {0, 60, 0, 40, 0, 0, 0, 1, 'q', 0};
+static const uint8_t header_args[] = {0, 60, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 0x10, 0, 2};
 
 struct sample {
 	uint8_t bytes[64];
@@ -149,7 +148,7 @@ END_TEST
 START_TEST(oversize_detected_from_header_alone)
 {
 	/* A frame that claims 4 GiB is refused before its payload arrives. */
-	uint8_t f[7] = { 3, 0, 1, 0xff, 0xff, 0xff, 0xff };
+	uint8_t f[7] = {3, 0, 1, 0xff, 0xff, 0xff, 0xff};
 	struct frame_info fi;
 
 	ck_assert_int_eq(frame_scan_bytes(f, sizeof(f), MAXP, &fi), FRAME_SCAN_ERROR);

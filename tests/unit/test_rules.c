@@ -64,13 +64,15 @@ static void refused(const char *text, const char *key, const char *why)
 }
 
 static const char *design_example =
-	"{ \"vhost\": \"orders\", \"reply_to\": { \"enabled\": true },"
-	"  \"claim_check\": { \"match\": [ { \"exchange\": \"documents\", \"routing_key\": \"document.#\" } ],"
-	"     \"threshold\": 65536, \"store\": { \"type\": \"lmdb\" }, \"retention_s\": 2592000,"
-	"     \"on_missing\": \"dead-letter\" },"
-	"  \"schedule\": { \"match\": [ { \"exchange\": \"billing\" } ], \"header\": \"x-delay\", \"engine\": true },"
-	"  \"idempotency\": [ { \"queue\": \"orders.new\", \"key\": \"message-id\","
-	"     \"lease_s\": 30, \"retention_s\": 21600, \"in_progress_delay_s\": 5 } ] }";
+    "{ \"vhost\": \"orders\", \"reply_to\": { \"enabled\": true },"
+    "  \"claim_check\": { \"match\": [ { \"exchange\": \"documents\", \"routing_key\": "
+    "\"document.#\" } ],"
+    "     \"threshold\": 65536, \"store\": { \"type\": \"lmdb\" }, \"retention_s\": 2592000,"
+    "     \"on_missing\": \"dead-letter\" },"
+    "  \"schedule\": { \"match\": [ { \"exchange\": \"billing\" } ], \"header\": \"x-delay\", "
+    "\"engine\": true },"
+    "  \"idempotency\": [ { \"queue\": \"orders.new\", \"key\": \"message-id\","
+    "     \"lease_s\": 30, \"retention_s\": 21600, \"in_progress_delay_s\": 5 } ] }";
 
 START_TEST(design_example_loads)
 {
@@ -119,7 +121,8 @@ START_TEST(refusals)
 	refused("{\"vhost\": \"a\", \"replyto\": {}}", "replyto", "unknown key");
 	refused("{\"vhost\": \"a\", \"reply_to\": {\"enabled\": \"yes\"}}", "reply_to.enabled",
 		"must be true or false");
-	refused("{\"vhost\": \"a\", \"reply_to\": {\"on\": true}}", "reply_to.on", "unknown key");
+	refused("{\"vhost\": \"a\", \"reply_to\": {\"on\": true}}", "reply_to.on",
+		"unknown key");
 	refused("{\"vhost\": \"a\", \"reply_to\": true}", "reply_to", "must be an object");
 	refused("{\"vhost\": \"a\", \"claim_check\": {}}", "claim_check.match", "is required");
 	refused("{\"vhost\": \"a\", \"claim_check\": {\"match\": {}}}", "claim_check.match",
@@ -134,20 +137,25 @@ START_TEST(refusals)
 		"claim_check.threshold", "must be a whole number");
 	refused("{\"vhost\": \"a\", \"claim_check\": {\"match\": [], \"threshold\": \"big\"}}",
 		"claim_check.threshold", "must be a number");
-	refused("{\"vhost\": \"a\", \"claim_check\": {\"match\": [], \"on_missing\": \"drop\"}}",
-		"claim_check.on_missing", "'drop' is not dead-letter or pass");
-	refused("{\"vhost\": \"a\", \"claim_check\": {\"match\": [], \"store\": {\"type\": \"s3\"}}}",
+	refused(
+	    "{\"vhost\": \"a\", \"claim_check\": {\"match\": [], \"on_missing\": \"drop\"}}",
+	    "claim_check.on_missing", "'drop' is not dead-letter or pass");
+	refused("{\"vhost\": \"a\", \"claim_check\": {\"match\": [], \"store\": {\"type\": "
+		"\"s3\"}}}",
 		"claim_check.store.type", "'s3' is not lmdb or filesystem");
-	refused("{\"vhost\": \"a\", \"claim_check\": {\"match\": [], \"store\": {\"type\": \"filesystem\"}}}",
+	refused("{\"vhost\": \"a\", \"claim_check\": {\"match\": [], \"store\": {\"type\": "
+		"\"filesystem\"}}}",
 		"claim_check.store.path", "is required");
-	refused("{\"vhost\": \"a\", \"claim_check\": {\"match\": [], \"store\": {\"type\": \"filesystem\", \"path\": \"rel\"}}}",
+	refused("{\"vhost\": \"a\", \"claim_check\": {\"match\": [], \"store\": {\"type\": "
+		"\"filesystem\", \"path\": \"rel\"}}}",
 		"claim_check.store.path", "must be an absolute path");
 	refused("{\"vhost\": \"a\", \"schedule\": {\"match\": [], \"header\": \"\"}}",
 		"schedule.header", "must not be empty");
 	refused("{\"vhost\": \"a\", \"schedule\": {\"match\": [], \"engine\": 1}}",
 		"schedule.engine", "must be true or false");
 	refused("{\"vhost\": \"a\", \"idempotency\": {}}", "idempotency", "must be a list");
-	refused("{\"vhost\": \"a\", \"idempotency\": [{}]}", "idempotency[0].queue", "is required");
+	refused("{\"vhost\": \"a\", \"idempotency\": [{}]}", "idempotency[0].queue",
+		"is required");
 	refused("{\"vhost\": \"a\", \"idempotency\": [{\"queue\": \"q\", \"key\": \"body\"}]}",
 		"idempotency[0].key", "'body' is not message-id, header:NAME or json:FIELD");
 	refused("{\"vhost\": \"a\", \"idempotency\": [{\"queue\": \"q\", \"lease_s\": 0}]}",
@@ -248,8 +256,9 @@ START_TEST(exchange_forms)
 	int n;
 
 	fresh_dir();
-	put("v.json", "{\"vhost\": \"v\", \"schedule\": {\"match\": ["
-		      "{\"exchange\": \"\"}, {\"exchange\": \"*\", \"routing_key\": \"late.*\"}]}}");
+	put("v.json",
+	    "{\"vhost\": \"v\", \"schedule\": {\"match\": ["
+	    "{\"exchange\": \"\"}, {\"exchange\": \"*\", \"routing_key\": \"late.*\"}]}}");
 	r = load(&n);
 	ck_assert_ptr_nonnull(r);
 	v = rules_vhost(r, "v");

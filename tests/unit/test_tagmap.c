@@ -50,7 +50,7 @@ END_TEST
 START_TEST(single_ack_lands_on_broker_tag)
 {
 	struct tagmap tm;
-	struct rec r = { .n = 0 };
+	struct rec r = {.n = 0};
 
 	tagmap_init(&tm);
 	deliver_skipping(&tm); /* client 1..7 = broker 1,2,4,5,7,8,9 */
@@ -68,7 +68,7 @@ END_TEST
 START_TEST(multiple_ack_translated)
 {
 	struct tagmap tm;
-	struct rec r = { .n = 0 };
+	struct rec r = {.n = 0};
 
 	tagmap_init(&tm);
 	deliver_skipping(&tm);
@@ -89,7 +89,7 @@ END_TEST
 START_TEST(multiple_ack_split_around_held)
 {
 	struct tagmap tm;
-	struct rec r = { .n = 0 };
+	struct rec r = {.n = 0};
 
 	tagmap_init(&tm);
 	tagmap_deliver(&tm, 1, 1);
@@ -112,7 +112,7 @@ END_TEST
 START_TEST(no_ack_deliveries_not_tracked)
 {
 	struct tagmap tm;
-	struct rec r = { .n = 0 };
+	struct rec r = {.n = 0};
 
 	tagmap_init(&tm);
 	ck_assert_uint_eq(tagmap_deliver(&tm, 10, 0), 1);
@@ -125,7 +125,7 @@ END_TEST
 START_TEST(many_outstanding_grow)
 {
 	struct tagmap tm;
-	struct rec r = { .n = 0 };
+	struct rec r = {.n = 0};
 	uint64_t i;
 
 	tagmap_init(&tm);
@@ -148,7 +148,7 @@ END_TEST
 START_TEST(confirms_with_answered_publishes)
 {
 	struct confirmmap cm;
-	struct rec r = { .n = 0 };
+	struct rec r = {.n = 0};
 	uint64_t i, c;
 
 	confirmmap_init(&cm);

@@ -11,6 +11,7 @@ Environment:
 """
 
 import os
+import resource
 import signal
 import subprocess
 import tempfile
@@ -30,6 +31,12 @@ OVERRIDE_HOOK_PORT = os.environ.get("ACEMQ_IT_HOOK_PROXY_PORT")
 
 LOG_TAIL_LINES = 200
 
+# hundreds of concurrent client connections need more descriptors than the
+# usual soft limit of 1024; child processes (the proxies) inherit this
+_soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+if _hard == resource.RLIM_INFINITY or _hard > _soft:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (_hard if _hard != resource.RLIM_INFINITY else 65536, _hard))
+
 # Every proxy process started in this session, for log reporting.
 _ALL_PROXIES = []
 
@@ -43,7 +50,9 @@ class ProxyProcess(object):
         self.binary = binary
         self.upstream_port = upstream_port
         self.listen_port = listen_port or support.free_port()
-        self.env = dict(os.environ)
+        # settings can also come from ACEMQ_PROXY_<NAME> variables: start from
+        # an environment without any, so only the arguments given here apply
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("ACEMQ_PROXY_")}
         self.env.update(env or {})
         self.log_level = log_level
         self.extra_args = list(extra_args)
