@@ -3,6 +3,7 @@
 
 #include "pipeline.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -98,47 +99,68 @@ int channel_consumer_no_ack(const struct channel *ch, const char *tag, size_t le
 	return i < 0 ? 0 : ch->consumers[i].no_ack;
 }
 
-int channel_content_method(struct channel *ch, enum chan_dir dir, int has_content,
-			   const char **why)
+/* A frame that is not the one the content state expects. */
+static int channel_unexpected(struct chan_content *c, struct chan_error *err)
+{
+	if (c->expect == EXPECT_METHOD) {
+		snprintf(
+		    err->text, sizeof(err->text),
+		    "UNEXPECTED_FRAME - expected method frame, got non method frame instead");
+		err->method = 0;
+	} else if (c->expect == EXPECT_HEADER) {
+		snprintf(
+		    err->text, sizeof(err->text),
+		    "UNEXPECTED_FRAME - expected content header for class %u, got non content "
+		    "header frame instead",
+		    (unsigned)(c->method >> 16));
+		err->method = c->method;
+	} else {
+		snprintf(err->text, sizeof(err->text),
+			 "UNEXPECTED_FRAME - expected content body, got non content body frame "
+			 "instead");
+		err->method = c->method;
+	}
+	return REPLY_UNEXPECTED_FRAME;
+}
+
+int channel_content_method(struct channel *ch, enum chan_dir dir, amqp_method_number_t id,
+			   int has_content, struct chan_error *err)
 {
 	struct chan_content *c = &ch->content[dir];
 
-	if (c->expect != EXPECT_METHOD) {
-		*why = c->expect == EXPECT_HEADER
-			   ? "expected content header, got a method frame"
-			   : "expected content body, got a method frame";
-		return REPLY_UNEXPECTED_FRAME;
-	}
-	if (has_content)
+	if (c->expect != EXPECT_METHOD)
+		return channel_unexpected(c, err);
+	if (has_content) {
 		c->expect = EXPECT_HEADER;
+		c->method = id;
+	}
 	return 0;
 }
 
 int channel_content_header(struct channel *ch, enum chan_dir dir, uint16_t class_id,
-			   uint64_t body_size, const char **why)
+			   uint64_t body_size, struct chan_error *err)
 {
 	struct chan_content *c = &ch->content[dir];
 
-	if (c->expect != EXPECT_HEADER) {
-		*why = "content header frame without a content method";
-		return REPLY_UNEXPECTED_FRAME;
-	}
+	if (c->expect != EXPECT_HEADER)
+		return channel_unexpected(c, err);
 	c->class_id = class_id;
 	c->remaining = body_size;
 	c->expect = body_size ? EXPECT_BODY : EXPECT_METHOD;
 	return 0;
 }
 
-int channel_content_body(struct channel *ch, enum chan_dir dir, uint32_t size, const char **why)
+int channel_content_body(struct channel *ch, enum chan_dir dir, uint32_t size,
+			 struct chan_error *err)
 {
 	struct chan_content *c = &ch->content[dir];
 
-	if (c->expect != EXPECT_BODY) {
-		*why = "content body frame without a content header";
-		return REPLY_UNEXPECTED_FRAME;
-	}
+	if (c->expect != EXPECT_BODY)
+		return channel_unexpected(c, err);
 	if (size > c->remaining) {
-		*why = "content body frame longer than the header's body size";
+		snprintf(err->text, sizeof(err->text),
+			 "UNEXPECTED_FRAME - content body frame longer than the body size");
+		err->method = c->method;
 		return REPLY_UNEXPECTED_FRAME;
 	}
 	c->remaining -= size;

@@ -4,6 +4,7 @@
 
 #include "tagmap.h"
 
+#include <amqp.h>
 #include <stdint.h>
 
 struct pipe_msg;
@@ -16,9 +17,10 @@ enum chan_expect { EXPECT_METHOD, EXPECT_HEADER, EXPECT_BODY };
 struct chan_content {
 	uint8_t expect;
 	uint16_t class_id;
-	uint64_t remaining;   /* body bytes still to come */
-	struct pipe_msg *msg; /* being assembled for a hook, or NULL */
-	int skip;             /* content of a message the proxy drops */
+	amqp_method_number_t method; /* the content method being followed */
+	uint64_t remaining;          /* body bytes still to come */
+	struct pipe_msg *msg;        /* being assembled for a hook, or NULL */
+	int skip;                    /* content of a message the proxy drops */
 };
 
 struct chan_consumer {
@@ -49,12 +51,18 @@ int channel_consumer_add(struct channel *ch, const char *tag, size_t len, int no
 void channel_consumer_remove(struct channel *ch, const char *tag, size_t len);
 int channel_consumer_no_ack(const struct channel *ch, const char *tag, size_t len);
 
+/* What an out-of-order frame is told, in the broker's words. */
+struct chan_error {
+	char text[128];
+	amqp_method_number_t method; /* class and method to report, or 0 */
+};
+
 /* Content order: returns 0, or the reply code for an out-of-order frame. */
-int channel_content_method(struct channel *ch, enum chan_dir dir, int has_content,
-			   const char **why);
+int channel_content_method(struct channel *ch, enum chan_dir dir, amqp_method_number_t id,
+			   int has_content, struct chan_error *err);
 int channel_content_header(struct channel *ch, enum chan_dir dir, uint16_t class_id,
-			   uint64_t body_size, const char **why);
+			   uint64_t body_size, struct chan_error *err);
 int channel_content_body(struct channel *ch, enum chan_dir dir, uint32_t size,
-			 const char **why);
+			 struct chan_error *err);
 
 #endif

@@ -31,6 +31,10 @@
 #define SESSION_FRAME_MAX_UNLIMITED (128u * 1024u * 1024u)
 
 static const uint8_t session_amqp_header[8] = {'A', 'M', 'Q', 'P', 0, 0, 9, 1};
+/* Older headers RabbitMQ also answers (0-9 and 0-8): passed on as they are,
+ * so the broker decides exactly as it would without the proxy. */
+static const uint8_t session_legacy_headers[2][8] = {{'A', 'M', 'Q', 'P', 1, 1, 0, 9},
+						     {'A', 'M', 'Q', 'P', 1, 1, 8, 0}};
 static atomic_ullong session_next_id;
 
 static void session_read_cb(struct bufferevent *bev, void *arg);
@@ -236,13 +240,17 @@ static void session_protocol_error(struct session *s, uint16_t code, const char 
 		s->logged_error = 1;
 	}
 	s->w->stats.protocol_errors++;
-	snprintf(text, sizeof(text), "%s - %s",
-		 code == REPLY_FRAME_ERROR        ? "FRAME_ERROR"
-		 : code == REPLY_UNEXPECTED_FRAME ? "UNEXPECTED_FRAME"
-		 : code == REPLY_CHANNEL_ERROR    ? "CHANNEL_ERROR"
-		 : code == REPLY_SYNTAX_ERROR     ? "SYNTAX_ERROR"
-						  : "COMMAND_INVALID",
-		 why);
+	if (strstr(why, " - ") != NULL)
+		snprintf(text, sizeof(text), "%s", why);
+	else
+		snprintf(text, sizeof(text), "%s - %s",
+			 code == REPLY_FRAME_ERROR        ? "FRAME_ERROR"
+			 : code == REPLY_UNEXPECTED_FRAME ? "UNEXPECTED_FRAME"
+			 : code == REPLY_CHANNEL_ERROR    ? "CHANNEL_ERROR"
+			 : code == REPLY_SYNTAX_ERROR     ? "SYNTAX_ERROR"
+			 : code == REPLY_NOT_ALLOWED      ? "NOT_ALLOWED"
+							  : "INTERNAL_ERROR",
+			 why);
 	if (s->client.bev && s->started) {
 		method_write_connection_close(bufferevent_get_output(s->client.bev), code, text,
 					      class_id, method_id);
@@ -328,7 +336,7 @@ struct session *session_new(struct worker *w, int fd, const struct sockaddr *sa,
 	return s;
 }
 
-static int session_connect_upstream(struct session *s)
+static int session_connect_upstream(struct session *s, const uint8_t header[8])
 {
 	struct bufferevent *bev = bufferevent_socket_new(s->w->base, -1, BEV_OPT_CLOSE_ON_FREE);
 
@@ -337,8 +345,7 @@ static int session_connect_upstream(struct session *s)
 	session_leg_setup(s, &s->upstream, bev, DIR_TO_CLIENT);
 	session_set_state(s, SESSION_CONNECTING);
 	/* The header is queued now and sent once connected. */
-	evbuffer_add(bufferevent_get_output(bev), session_amqp_header,
-		     sizeof(session_amqp_header));
+	evbuffer_add(bufferevent_get_output(bev), header, 8);
 	if (bufferevent_socket_connect(bev, (struct sockaddr *)&worker_settings.upstream,
 				       worker_settings.upstream_len) != 0) {
 		session_log(s, LOG_WARNING, "cannot connect to broker %s: %s",
@@ -359,7 +366,9 @@ static int session_header(struct session *s)
 	if (evbuffer_get_length(in) < sizeof(hdr))
 		return 1;
 	evbuffer_copyout(in, hdr, sizeof(hdr));
-	if (memcmp(hdr, session_amqp_header, sizeof(hdr)) != 0) {
+	if (memcmp(hdr, session_amqp_header, sizeof(hdr)) != 0 &&
+	    memcmp(hdr, session_legacy_headers[0], sizeof(hdr)) != 0 &&
+	    memcmp(hdr, session_legacy_headers[1], sizeof(hdr)) != 0) {
 		session_log(s, LOG_WARNING, "not an AMQP 0-9-1 protocol header");
 		s->w->stats.connections_refused++;
 		evbuffer_add(bufferevent_get_output(s->client.bev), session_amqp_header,
@@ -369,7 +378,7 @@ static int session_header(struct session *s)
 		return -1;
 	}
 	evbuffer_drain(in, sizeof(hdr));
-	if (session_connect_upstream(s) != 0) {
+	if (session_connect_upstream(s, hdr) != 0) {
 		session_free(s);
 		return -1;
 	}
@@ -786,7 +795,7 @@ static int session_classify(struct session *s, struct leg *from, const struct fr
 			    struct channel **chp)
 {
 	struct channel *ch = NULL;
-	const char *why = NULL;
+	struct chan_error err;
 	int code = 0, to_broker = from->dir == DIR_TO_BROKER;
 	uint16_t cls;
 	uint64_t body_size;
@@ -810,12 +819,8 @@ static int session_classify(struct session *s, struct leg *from, const struct fr
 				       fi->class_id, fi->method_id);
 		return -1;
 	}
-	if (to_broker && fi->channel > s->channel_max) {
-		session_protocol_error(s, REPLY_NOT_ALLOWED,
-				       "channel number exceeds the negotiated channel_max",
-				       fi->class_id, fi->method_id);
-		return -1;
-	}
+	/* Like the broker, the proxy bounds how many channels are open (the
+	 * broker counts them), not which numbers they have. */
 	ch = session_channel(s, fi->channel);
 	if (ch == NULL) {
 		session_close(s, 541, "INTERNAL_ERROR - out of memory");
@@ -828,8 +833,8 @@ static int session_classify(struct session *s, struct leg *from, const struct fr
 		amqp_method_number_t id = METHOD_ID(fi->class_id, fi->method_id);
 
 		if (to_broker || ch->content[from->dir].msg) {
-			code =
-			    channel_content_method(ch, from->dir, method_has_content(id), &why);
+			code = channel_content_method(ch, from->dir, id, method_has_content(id),
+						      &err);
 			if (code)
 				goto bad;
 		}
@@ -845,19 +850,20 @@ static int session_classify(struct session *s, struct leg *from, const struct fr
 		return 0;
 	if (fi->type == FRAME_HEADER) {
 		content_header_peek(fi->peek, &cls, &body_size);
-		code = channel_content_header(ch, from->dir, cls, body_size, &why);
+		code = channel_content_header(ch, from->dir, cls, body_size, &err);
 	} else {
-		code = channel_content_body(ch, from->dir, fi->size, &why);
+		code = channel_content_body(ch, from->dir, fi->size, &err);
 	}
 	if (code)
 		goto bad;
 	return ch->content[from->dir].msg ? 1 : 0;
 bad:
 	if (!to_broker) {
-		session_log(s, LOG_WARNING, "broker sent an out-of-order frame: %s", why);
+		session_log(s, LOG_WARNING, "broker sent an out-of-order frame: %s", err.text);
 		return 0;
 	}
-	session_protocol_error(s, (uint16_t)code, why, fi->class_id, fi->method_id);
+	session_protocol_error(s, (uint16_t)code, err.text, (uint16_t)(err.method >> 16),
+			       (uint16_t)err.method);
 	return -1;
 }
 
@@ -953,11 +959,13 @@ static int session_pump(struct session *s, struct leg *from)
 			session_pause(s, from);
 			break;
 		}
-		max = s->frame_max > FRAME_OVERHEAD ? s->frame_max - FRAME_OVERHEAD : 0;
+		/* As the broker does, a payload may be as large as frame_max
+		 * itself; the proxy writes none over frame_max - 8. The broker's
+		 * own frames are trusted to at least the pre-tune cap. */
+		max = s->frame_max;
 		if (from->dir == DIR_TO_CLIENT &&
 		    max < (uint32_t)worker_settings.max_frame_pre_tune)
-			max = (uint32_t)worker_settings
-				  .max_frame_pre_tune; /* trust the broker's tune */
+			max = (uint32_t)worker_settings.max_frame_pre_tune;
 		rc = frame_scan_evbuffer(in, run, max, &fi);
 		if (rc == FRAME_SCAN_AGAIN)
 			break;

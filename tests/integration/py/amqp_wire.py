@@ -333,7 +333,7 @@ class RawClient(object):
     # -- handshake -----------------------------------------------------------
 
     def handshake(self, heartbeat=0, frame_max=None, channel_max=None, vhost="/",
-                  username="guest", password="guest", capabilities=None):
+                  username="guest", password="guest", capabilities=None, client_properties=None):
         self.send(PROTOCOL_HEADER)
         f = self.expect(CONNECTION_START, 0)
         self.start = parse_connection_start(f.args)
@@ -347,6 +347,7 @@ class RawClient(object):
         if capabilities is not None:
             caps = capabilities
         client_props = {"product": "acemq-it-raw", "capabilities": caps}
+        client_props.update(client_properties or {})
         response = b"\x00" + username.encode() + b"\x00" + password.encode()
         self.send(method_frame(0, CONNECTION_START_OK,
                                table(client_props) + shortstr("PLAIN") + longstr(response) + shortstr("en_US")))

@@ -1,9 +1,5 @@
 """connection.blocked / connection.unblocked reach the client (memory alarm)."""
 
-import time
-
-import pika
-
 import support
 
 

@@ -5,6 +5,7 @@ import signal
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pika
 import pika.exceptions
@@ -73,13 +74,16 @@ def heartbeat_frames_seen(port, seconds=7.0):
     return seen
 
 
-def test_server_heartbeats_reach_raw_client(endpoint):
-    seen = heartbeat_frames_seen(endpoint.port)
-    # RabbitMQ sends a heartbeat every heartbeat/2 seconds when otherwise idle
-    assert len(seen) >= 3, seen
-    gaps = [b - a for a, b in zip(seen, seen[1:])]
-    # well inside the 2 x heartbeat a client may wait before giving up
-    assert max(gaps) <= 3.0, seen
+def test_server_heartbeats_reach_raw_client(direct_port, proxy_port):
+    """Both sides run concurrently; each sends its own heartbeats."""
+    with ThreadPoolExecutor(2) as ex:
+        direct, proxy = ex.map(heartbeat_frames_seen, (direct_port, proxy_port))
+    for name, seen in (("direct", direct), ("proxy", proxy)):
+        # RabbitMQ sends a heartbeat every heartbeat/2 seconds when otherwise idle
+        assert len(seen) >= 3, (name, seen)
+        gaps = [b - a for a, b in zip(seen, seen[1:])]
+        # well inside the 2 x heartbeat a client may wait before giving up
+        assert max(gaps) <= 3.0, (name, seen)
 
 
 def test_broker_frozen_mid_stream(proxy_port, proxy_is_broker, new_queue, direct_port, record_property):

@@ -11,7 +11,6 @@ numbers, and its acks/nacks must land on the right broker messages.
 """
 
 import pika
-import pytest
 
 import amqp_wire as wire
 import support

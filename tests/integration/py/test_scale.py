@@ -5,6 +5,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pika
+import pytest
 
 import amqp_wire as wire
 import support
@@ -43,17 +44,28 @@ def test_2047_channels_on_one_connection(endpoint, connections, new_queue):
     assert chans[1].queue_declare(queue, passive=True).method.message_count == 0
 
 
-def test_channel_number_above_channel_max_rejected(endpoint):
-    """Opening channel channel_max+1 by hand gets the broker's error."""
-    c = wire.RawClient(endpoint.port).handshake()
+def channel_open_outcome(port, channel):
+    c = wire.RawClient(port).handshake()
     try:
-        c.send(wire.method_frame(CHANNEL_MAX + 1, wire.CHANNEL_OPEN, wire.shortstr("")))
-        frames, closed = c.read_until_eof(timeout=10)
-        close = wire.find_connection_close(frames)
-        assert close is not None, frames
-        assert close["reply_code"] == 530, close  # NOT_ALLOWED
+        c.send(wire.method_frame(channel, wire.CHANNEL_OPEN, wire.shortstr("")))
+        f = c.read_frame(timeout=10)
+        if f.method == wire.CONNECTION_CLOSE:
+            close = wire.parse_connection_close(f.args)
+            return "connection.close %d" % close["reply_code"], close["reply_text"]
+        return "%r on channel %d" % (f.method, f.channel), ""
     finally:
         c.close_socket()
+
+
+@pytest.mark.parametrize("channel", [CHANNEL_MAX + 1, 65535])
+def test_channel_number_above_channel_max_like_broker(channel, direct_port, proxy_port):
+    """RabbitMQ limits the number of open channels, not the channel number:
+    channel.open on channel_max+1 (or 65535) as the only channel succeeds.
+    The proxy gives the same answer."""
+    direct = channel_open_outcome(direct_port, channel)
+    proxy = channel_open_outcome(proxy_port, channel)
+    print("direct: %r\nproxy:  %r" % (direct, proxy))
+    assert proxy[0] == direct[0]
 
 
 def _open(port):

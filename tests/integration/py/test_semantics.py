@@ -1,7 +1,5 @@
 """AMQP features behave through the proxy exactly as against the broker."""
 
-import time
-
 import pika
 import pika.exceptions
 import pytest
