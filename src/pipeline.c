@@ -87,6 +87,7 @@ struct pipe_msg *pipe_msg_new(enum pipe_kind kind, uint16_t channel)
 		return NULL;
 	m->kind = kind;
 	m->channel = channel;
+	m->streamer = -1;
 	init_amqp_pool(&m->pool, 4096);
 	m->raw = evbuffer_new();
 	if (m->raw == NULL) {
@@ -142,48 +143,85 @@ static int pipeline_copy_body(struct pipe_msg *m, size_t frame_len)
 	return 0;
 }
 
+/* Give a streamed body frame's payload (at the front of in) to the hook. */
+static int pipeline_stream_chunk(struct session *s, struct channel *ch, struct pipe_msg *m,
+				 struct evbuffer *in, size_t frame_len)
+{
+	const struct pipe_hook *h = s->hooks[m->streamer];
+	size_t left = frame_len - FRAME_OVERHEAD;
+	unsigned char *p;
+
+	evbuffer_drain(in, FRAME_HEADER_SIZE);
+	p = left ? evbuffer_pullup(in, (ev_ssize_t)left) : NULL;
+	if (left && p == NULL)
+		return PIPE_COLLECT_FAILED;
+	if (h->stream_body(s->hook_state[m->streamer], s, ch, m, p, left) != 0)
+		return PIPE_COLLECT_FAILED;
+	evbuffer_drain(in, left + 1);
+	return PIPE_COLLECT_OK;
+}
+
+/* The header is in: does a hook take the body as a stream? */
+static void pipeline_stream_offer(struct session *s, struct channel *ch, struct pipe_msg *m)
+{
+	int i;
+
+	for (i = 0; i < s->nhooks; i++) {
+		const struct pipe_hook *h = s->hooks[i];
+
+		if (h->stream_begin && h->stream_body &&
+		    h->stream_begin(s->hook_state[i], s, ch, m) == 1) {
+			m->streamer = i;
+			return;
+		}
+	}
+}
+
 int pipeline_collect(struct session *s, struct channel *ch, struct pipe_msg *m,
 		     struct evbuffer *in, size_t frame_len, int frame_type)
 {
 	uint8_t *p = NULL;
 	uint16_t cls;
 
+	if (frame_type == FRAME_BODY && m->streamer >= 0)
+		return pipeline_stream_chunk(s, ch, m, in, frame_len);
 	if (evbuffer_get_length(m->raw) + frame_len >
 	    (size_t)worker_settings.max_message_size + 65536)
-		return -1;
+		return PIPE_COLLECT_TOO_LARGE;
 	if (frame_type == FRAME_METHOD || frame_type == FRAME_HEADER) {
 		/* rabbitmq-c decodes in place: give it bytes that stay put
 		 * while the frames move on. */
 		p = amqp_pool_alloc(&m->pool, frame_len);
 		if (p == NULL || evbuffer_copyout(in, p, frame_len) != (ev_ssize_t)frame_len)
-			return -1;
+			return PIPE_COLLECT_FAILED;
 		p += FRAME_HEADER_SIZE;
 	}
 	if (evbuffer_remove_buffer(in, m->raw, frame_len) != (int)frame_len)
-		return -1;
+		return PIPE_COLLECT_FAILED;
 	switch (frame_type) {
 	case FRAME_METHOD:
 		m->raw_method_len = frame_len;
 		return method_decode(p, frame_len - FRAME_OVERHEAD, &m->pool, &m->method_id,
 				     &m->method) == 0
-			   ? 0
-			   : -1;
+			   ? PIPE_COLLECT_OK
+			   : PIPE_COLLECT_FAILED;
 	case FRAME_HEADER:
 		m->raw_header_len = frame_len;
 		content_header_peek(p, &cls, &m->body_size);
-		if (m->body_size > (uint64_t)worker_settings.max_message_size)
-			return -1;
-		return content_props_decode(p, frame_len - FRAME_OVERHEAD, &m->pool,
-					    &m->props) == 0
-			   ? 0
-			   : -1;
+		if (content_props_decode(p, frame_len - FRAME_OVERHEAD, &m->pool, &m->props) !=
+		    0)
+			return PIPE_COLLECT_FAILED;
+		pipeline_stream_offer(s, ch, m);
+		if (m->streamer < 0 &&
+		    m->body_size > (uint64_t)worker_settings.max_message_size)
+			return PIPE_COLLECT_TOO_LARGE;
+		return PIPE_COLLECT_OK;
 	default:
 		if (m->want & PIPE_WANT_BODY)
-			return pipeline_copy_body(m, frame_len);
-		return 0;
+			return pipeline_copy_body(m, frame_len) == 0 ? PIPE_COLLECT_OK
+								     : PIPE_COLLECT_FAILED;
+		return PIPE_COLLECT_OK;
 	}
-	(void)s;
-	(void)ch;
 }
 
 /* Write a message out, re-encoding only the parts a hook changed. */
@@ -259,6 +297,13 @@ int pipeline_complete(struct session *s, struct channel *ch, struct pipe_msg *m)
 
 	if ((m->want & PIPE_WANT_BODY) && m->body == NULL)
 		m->body = evbuffer_new();
+	if (m->streamer >= 0 && !m->body_dirty) {
+		/* The body went to the stream and nothing replaced it. */
+		log_error("hook %s streamed a body and gave no replacement",
+			  s->hooks[m->streamer]->name);
+		pipe_msg_free(m);
+		return -1;
+	}
 	for (i = 0; i < s->nhooks && v == PIPE_PASS; i++)
 		if (s->hooks[i]->message)
 			v = s->hooks[i]->message(s->hook_state[i], s, ch, m);

@@ -41,6 +41,7 @@ struct pipe_msg {
 	uint64_t broker_tag;   /* deliveries: the broker's delivery tag */
 	int no_ack;            /* deliveries: the client will not settle it */
 	int want;              /* union of what the hooks asked for */
+	int streamer;          /* index of the hook taking the body as a stream, or -1 */
 	unsigned method_dirty : 1, props_dirty : 1, body_dirty : 1;
 };
 
@@ -56,6 +57,15 @@ struct pipe_hook {
 	/* Whether the hook wants this message; method is decoded. */
 	int (*wants)(void *state, struct session *s, struct channel *ch, enum pipe_kind kind,
 		     amqp_method_number_t id, void *method);
+	/* Streaming, for a body too large to hold: called once the header
+	 * is in (method, props and body_size known); returning 1 takes the
+	 * body as a stream. The proxy then holds none of it: each body
+	 * chunk goes to stream_body, and by message() the hook must have put
+	 * the replacement body in m->body and set body_dirty. */
+	int (*stream_begin)(void *state, struct session *s, struct channel *ch,
+			    struct pipe_msg *m);
+	int (*stream_body)(void *state, struct session *s, struct channel *ch,
+			   struct pipe_msg *m, const uint8_t *data, size_t len);
 	enum pipe_verdict (*message)(void *state, struct session *s, struct channel *ch,
 				     struct pipe_msg *m);
 	/* The client settled a delivery (basic.ack/nack/reject), broker tag. */
@@ -74,8 +84,11 @@ void pipeline_refresh(struct session *s);
 struct pipe_msg *pipe_msg_new(enum pipe_kind kind, uint16_t channel);
 void pipe_msg_free(struct pipe_msg *m);
 
+enum { PIPE_COLLECT_OK = 0, PIPE_COLLECT_TOO_LARGE = -1, PIPE_COLLECT_FAILED = -2 };
+
 /* Called by the session for each frame of a message it decided to
- * assemble; returns 0, or -1 when the message exceeds the size cap. */
+ * assemble; returns PIPE_COLLECT_OK, _TOO_LARGE when the message exceeds
+ * max_message_size, or _FAILED (bad frame, no memory, a stream refused). */
 int pipeline_collect(struct session *s, struct channel *ch, struct pipe_msg *m,
 		     struct evbuffer *in, size_t frame_len, int frame_type);
 /* The message is complete: run the hooks and dispose of it. */

@@ -590,8 +590,10 @@ static int session_content_method(struct session *s, struct leg *from, struct ch
 	want = pipeline_wants(s, ch, kind, id, decoded);
 	if (want) {
 		m = pipe_msg_new(kind, ch->id);
-		if (m == NULL)
+		if (m == NULL) {
+			session_close(s, 541, "INTERNAL_ERROR - out of memory");
 			return -1;
+		}
 		m->want = want;
 		if (kind == PIPE_DELIVER) {
 			amqp_basic_deliver_t *d = decoded;
@@ -606,7 +608,12 @@ static int session_content_method(struct session *s, struct leg *from, struct ch
 		ch->content[from->dir].msg = m;
 		ch->content[from->dir].expect = EXPECT_HEADER;
 		s->w->stats.messages_assembled++;
-		return pipeline_collect(s, ch, m, in, len, FRAME_METHOD);
+		if (pipeline_collect(s, ch, m, in, len, FRAME_METHOD) != PIPE_COLLECT_OK) {
+			session_close(s, 541,
+				      "INTERNAL_ERROR - the proxy could not handle a message");
+			return -1;
+		}
+		return 0;
 	}
 	/* Streams through; only the tag and confirm numbering change. */
 	if (!s->track) {
@@ -877,18 +884,29 @@ static int session_content(struct session *s, struct leg *from, const struct fra
 	int rc;
 
 	rc = pipeline_collect(s, ch, m, in, frame_scan_wire_len(fi), fi->type);
-	if (rc != 0) {
-		if (from->dir == DIR_TO_BROKER) {
-			session_protocol_error(s, REPLY_FRAME_ERROR,
-					       "message larger than max_message_size", 60, 40);
-			return -1;
-		}
-		session_close(s, 541, "INTERNAL_ERROR - message larger than max_message_size");
+	if (rc == PIPE_COLLECT_TOO_LARGE && from->dir == DIR_TO_BROKER) {
+		session_protocol_error(s, REPLY_FRAME_ERROR,
+				       "FRAME_ERROR - message larger than max_message_size", 60,
+				       40);
+		return -1;
+	}
+	if (rc != PIPE_COLLECT_OK) {
+		session_log(s, LOG_ERROR, "message on channel %u could not be handled (%s)",
+			    ch->id,
+			    rc == PIPE_COLLECT_TOO_LARGE ? "larger than max_message_size"
+							 : "a hook refused it");
+		session_close(s, 541, "INTERNAL_ERROR - the proxy could not handle a message");
 		return -1;
 	}
 	if (c->expect == EXPECT_METHOD) {
 		c->msg = NULL;
-		return pipeline_complete(s, ch, m);
+		if (pipeline_complete(s, ch, m) != 0) {
+			session_log(s, LOG_ERROR,
+				    "message on channel %u could not be forwarded", ch->id);
+			session_close(s, 541,
+				      "INTERNAL_ERROR - the proxy could not handle a message");
+			return -1;
+		}
 	}
 	return 0;
 }

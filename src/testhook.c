@@ -1,5 +1,8 @@
 /* testhook: a hook for tests only that swallows every third delivery and
- * answers every fifth publish, per channel, to exercise tag translation. */
+ * answers every fifth publish, per channel, to exercise tag translation; and
+ * takes bodies published with a routing key "stream.*" as a stream,
+ * replacing each with "LENGTH:FNV1A64HEX" so a test can tell the proxy held
+ * none of it. */
 #include "hooks.h"
 
 #include "channel.h"
@@ -7,10 +10,19 @@
 #include "pipeline.h"
 #include "session.h"
 
+#include <event2/buffer.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+
+struct testhook_stream {
+	uint64_t len;
+	uint64_t hash;
+};
 
 struct testhook_state {
-	uint32_t *deliveries; /* per channel */
+	struct testhook_stream stream; /* a session streams one body at a time per channel */
+	uint32_t *deliveries;          /* per channel */
 	uint32_t *publishes;
 	uint32_t n;
 };
@@ -60,12 +72,49 @@ static enum pipe_verdict testhook_message(void *state, struct session *s, struct
 {
 	uint32_t *n = testhook_counter(state, ch->id, m->kind == PIPE_PUBLISH);
 
-	if (n == NULL)
+	if (n == NULL || m->streamer >= 0)
 		return PIPE_PASS;
 	++*n;
 	if (m->kind == PIPE_PUBLISH)
 		return *n % 5 == 0 ? PIPE_ANSWER : PIPE_PASS;
 	return *n % 3 == 0 ? PIPE_SWALLOW : PIPE_PASS;
+}
+
+static int testhook_stream_begin(void *state, struct session *s, struct channel *ch,
+				 struct pipe_msg *m)
+{
+	struct testhook_state *st = state;
+	amqp_basic_publish_t *p = m->method;
+
+	if (m->kind != PIPE_PUBLISH || p->routing_key.len < 7 ||
+	    memcmp(p->routing_key.bytes, "stream.", 7) != 0)
+		return 0;
+	st->stream.len = 0;
+	st->stream.hash = 0xcbf29ce484222325ULL;
+	return 1;
+}
+
+static int testhook_stream_body(void *state, struct session *s, struct channel *ch,
+				struct pipe_msg *m, const uint8_t *data, size_t len)
+{
+	struct testhook_state *st = state;
+	size_t i;
+
+	for (i = 0; i < len; i++)
+		st->stream.hash = (st->stream.hash ^ data[i]) * 0x100000001b3ULL;
+	st->stream.len += len;
+	if (st->stream.len == m->body_size) {
+		char text[64];
+		int n = snprintf(text, sizeof(text), "%llu:%016llx",
+				 (unsigned long long)st->stream.len,
+				 (unsigned long long)st->stream.hash);
+
+		if (m->body == NULL && (m->body = evbuffer_new()) == NULL)
+			return -1;
+		evbuffer_add(m->body, text, (size_t)n);
+		m->body_dirty = 1;
+	}
+	return 0;
 }
 
 static void testhook_channel_closed(void *state, struct session *s, struct channel *ch)
@@ -82,6 +131,8 @@ static const struct pipe_hook testhook = {
     .detach = testhook_detach,
     .wants = testhook_wants,
     .message = testhook_message,
+    .stream_begin = testhook_stream_begin,
+    .stream_body = testhook_stream_body,
     .channel_closed = testhook_channel_closed,
 };
 
