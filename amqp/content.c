@@ -8,17 +8,6 @@
 
 #define CONTENT_PROPS_MAX 131072u
 
-static void content_put_frame_head(uint8_t *p, uint8_t type, uint16_t channel, uint32_t size)
-{
-	p[0] = type;
-	p[1] = (uint8_t)(channel >> 8);
-	p[2] = (uint8_t)channel;
-	p[3] = (uint8_t)(size >> 24);
-	p[4] = (uint8_t)(size >> 16);
-	p[5] = (uint8_t)(size >> 8);
-	p[6] = (uint8_t)size;
-}
-
 void content_header_peek(const uint8_t *payload, uint16_t *class_id, uint64_t *body_size)
 {
 	uint64_t n = 0;
@@ -63,7 +52,7 @@ int content_header_write(struct evbuffer *out, uint16_t channel, uint16_t class_
 	if (n < 0)
 		return -1;
 	size = (uint32_t)n + CONTENT_HEADER_FIXED;
-	content_put_frame_head(p, FRAME_HEADER, channel, size);
+	frame_scan_put_header(p, FRAME_HEADER, channel, size);
 	h[0] = (uint8_t)(class_id >> 8);
 	h[1] = (uint8_t)class_id;
 	h[2] = 0;
@@ -87,7 +76,7 @@ int content_body_write(struct evbuffer *out, uint16_t channel, struct evbuffer *
 
 		if (n > chunk)
 			n = chunk;
-		content_put_frame_head(head, FRAME_BODY, channel, (uint32_t)n);
+		frame_scan_put_header(head, FRAME_BODY, channel, (uint32_t)n);
 		if (evbuffer_add(out, head, sizeof(head)) != 0 ||
 		    evbuffer_remove_buffer(body, out, n) != (int)n ||
 		    evbuffer_add(out, &end, 1) != 0)

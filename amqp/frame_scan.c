@@ -18,6 +18,17 @@ static uint32_t frame_scan_u32(const uint8_t *p)
 	       (uint32_t)p[3];
 }
 
+void frame_scan_put_header(uint8_t *p, uint8_t type, uint16_t channel, uint32_t size)
+{
+	p[0] = type;
+	p[1] = (uint8_t)(channel >> 8);
+	p[2] = (uint8_t)channel;
+	p[3] = (uint8_t)(size >> 24);
+	p[4] = (uint8_t)(size >> 16);
+	p[5] = (uint8_t)(size >> 8);
+	p[6] = (uint8_t)size;
+}
+
 static int frame_scan_fail(struct frame_info *fi, const char *why)
 {
 	fi->reply_code = REPLY_FRAME_ERROR;

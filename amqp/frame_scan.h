@@ -42,6 +42,9 @@ static inline size_t frame_scan_wire_len(const struct frame_info *fi)
 	return (size_t)fi->size + FRAME_OVERHEAD;
 }
 
+/* Write a frame's 7-byte header (type, channel, payload size) at p. */
+void frame_scan_put_header(uint8_t *p, uint8_t type, uint16_t channel, uint32_t size);
+
 /* Scan the frame at the front of p[0..len). max_payload bounds the payload
  * size (the negotiated frame_max minus FRAME_OVERHEAD). Never allocates. */
 int frame_scan_bytes(const uint8_t *p, size_t len, uint32_t max_payload, struct frame_info *fi);

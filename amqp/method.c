@@ -56,13 +56,7 @@ int method_write(struct evbuffer *out, uint16_t channel, amqp_method_number_t id
 	if (n < 0)
 		return -1;
 	size = (uint32_t)n + 4;
-	p[0] = FRAME_METHOD;
-	p[1] = (uint8_t)(channel >> 8);
-	p[2] = (uint8_t)channel;
-	p[3] = (uint8_t)(size >> 24);
-	p[4] = (uint8_t)(size >> 16);
-	p[5] = (uint8_t)(size >> 8);
-	p[6] = (uint8_t)size;
+	frame_scan_put_header(p, FRAME_METHOD, channel, size);
 	p[7] = (uint8_t)(id >> 24);
 	p[8] = (uint8_t)(id >> 16);
 	p[9] = (uint8_t)(id >> 8);

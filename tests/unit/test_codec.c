@@ -4,6 +4,8 @@
 #include "amqp/frame_scan.h"
 #include "amqp/method.h"
 
+#include "tests/unit/unit.h"
+
 #include <check.h>
 #include <event2/buffer.h>
 #include <stdlib.h>
@@ -213,10 +215,7 @@ END_TEST
 
 int main(void)
 {
-	Suite *s = suite_create("codec");
 	TCase *tc = tcase_create("core");
-	SRunner *sr;
-	int failed;
 
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_add_test(tc, content_methods);
@@ -225,10 +224,5 @@ int main(void)
 	tcase_add_test(tc, truncated_method_refused);
 	tcase_add_test(tc, props_round_trip);
 	tcase_add_test(tc, body_reframed_at_frame_max);
-	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+	return unit_run("codec", tc, 1);
 }

@@ -2,6 +2,8 @@
  * of precedence, and errors that say where they are. */
 #include "src/config.h"
 
+#include "tests/unit/unit.h"
+
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -144,20 +146,11 @@ END_TEST
 
 int main(void)
 {
-	Suite *s = suite_create("config");
 	TCase *tc = tcase_create("core");
-	SRunner *sr;
-	int failed;
 
 	tcase_add_test(tc, defaults);
 	tcase_add_test(tc, precedence);
 	tcase_add_test(tc, every_error_reported_with_where);
 	tcase_add_test(tc, addresses);
-	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_set_fork_status(sr, CK_NOFORK);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+	return unit_run("config", tc, 0);
 }

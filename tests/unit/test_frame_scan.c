@@ -1,6 +1,8 @@
 /* test_frame_scan: the frame scanner on whole, split and broken frames. */
 #include "amqp/frame_scan.h"
 
+#include "tests/unit/unit.h"
+
 #include <check.h>
 #include <event2/buffer.h>
 #include <stdlib.h>
@@ -158,19 +160,11 @@ END_TEST
 
 int main(void)
 {
-	Suite *s = suite_create("frame_scan");
 	TCase *tc = tcase_create("core");
-	SRunner *sr;
-	int failed;
 
 	tcase_add_test(tc, split_at_every_byte);
 	tcase_add_test(tc, stream_of_frames_at_offsets);
 	tcase_add_test(tc, bad_frames);
 	tcase_add_test(tc, oversize_detected_from_header_alone);
-	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+	return unit_run("frame_scan", tc, 1);
 }

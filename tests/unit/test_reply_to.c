@@ -4,6 +4,8 @@
 #include "amqp/table.h"
 #include "src/patterns/reply_to.h"
 
+#include "tests/unit/unit.h"
+
 #include <check.h>
 #include <event2/buffer.h>
 #include <stdio.h>
@@ -225,10 +227,7 @@ END_TEST
 
 int main(void)
 {
-	Suite *s = suite_create("reply_to");
 	TCase *tc = tcase_create("core");
-	SRunner *sr;
-	int failed;
 
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_add_test(tc, property_only_adds_header);
@@ -240,10 +239,5 @@ int main(void)
 	tcase_add_test(tc, direct_reply_to_on_delivery);
 	tcase_add_test(tc, edited_table_encodes_others_identically);
 	tcase_add_test(tc, non_string_header_ignored);
-	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+	return unit_run("reply_to", tc, 1);
 }

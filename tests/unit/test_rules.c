@@ -3,6 +3,8 @@
 #include "src/rules.h"
 #include "src/topic.h"
 
+#include "tests/unit/unit.h"
+
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -271,10 +273,7 @@ END_TEST
 
 int main(void)
 {
-	Suite *s = suite_create("rules");
 	TCase *tc = tcase_create("core");
-	SRunner *sr;
-	int failed;
 
 	tcase_add_test(tc, design_example_loads);
 	tcase_add_test(tc, refusals);
@@ -284,11 +283,5 @@ int main(void)
 	tcase_add_test(tc, no_directory_is_empty_set);
 	tcase_add_test(tc, topic_semantics);
 	tcase_add_test(tc, exchange_forms);
-	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_set_fork_status(sr, CK_NOFORK);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+	return unit_run("rules", tc, 0);
 }

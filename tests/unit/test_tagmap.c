@@ -1,6 +1,8 @@
 /* test_tagmap: delivery tag and confirm sequence translation tables. */
 #include "src/tagmap.h"
 
+#include "tests/unit/unit.h"
+
 #include <check.h>
 #include <stdlib.h>
 
@@ -174,10 +176,7 @@ END_TEST
 
 int main(void)
 {
-	Suite *s = suite_create("tagmap");
 	TCase *tc = tcase_create("core");
-	SRunner *sr;
-	int failed;
 
 	tcase_add_test(tc, contiguous_client_tags);
 	tcase_add_test(tc, single_ack_lands_on_broker_tag);
@@ -186,10 +185,5 @@ int main(void)
 	tcase_add_test(tc, no_ack_deliveries_not_tracked);
 	tcase_add_test(tc, many_outstanding_grow);
 	tcase_add_test(tc, confirms_with_answered_publishes);
-	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+	return unit_run("tagmap", tc, 1);
 }
