@@ -102,6 +102,94 @@ int frame_scan_bytes(const uint8_t *p, size_t len, uint32_t max_payload, struct 
 	return FRAME_SCAN_OK;
 }
 
+void frame_cursor_init(struct frame_cursor *c, struct evbuffer *buf)
+{
+	int n = evbuffer_peek(buf, -1, NULL, c->v, FRAME_CURSOR_VECS), k;
+
+	c->nv = n > FRAME_CURSOR_VECS ? FRAME_CURSOR_VECS : (n < 0 ? 0 : n);
+	c->i = 0;
+	c->at = 0;
+	c->off = 0;
+	c->len = 0;
+	for (k = 0; k < c->nv; k++)
+		c->len += c->v[k].iov_len;
+	c->partial = c->len < evbuffer_get_length(buf);
+}
+
+/* Copy n bytes starting skip bytes past the cursor; 0 or -1. */
+static int frame_cursor_copy(const struct frame_cursor *c, size_t skip, uint8_t *out, size_t n)
+{
+	int i = c->i;
+	size_t at = c->at + skip;
+
+	while (i < c->nv && at >= c->v[i].iov_len)
+		at -= c->v[i++].iov_len;
+	while (n > 0) {
+		size_t take;
+
+		if (i >= c->nv)
+			return -1;
+		take = c->v[i].iov_len - at;
+		if (take > n)
+			take = n;
+		memcpy(out, (const uint8_t *)c->v[i].iov_base + at, take);
+		out += take;
+		n -= take;
+		at = 0;
+		i++;
+	}
+	return 0;
+}
+
+int frame_cursor_advance(struct frame_cursor *c, size_t n)
+{
+	if (n > c->len - c->off)
+		return -1;
+	c->off += n;
+	c->at += n;
+	while (c->i < c->nv && c->at >= c->v[c->i].iov_len && c->at > 0) {
+		if (c->at == c->v[c->i].iov_len && c->i + 1 == c->nv)
+			break; /* at the very end */
+		c->at -= c->v[c->i++].iov_len;
+	}
+	return 0;
+}
+
+int frame_cursor_scan(struct frame_cursor *c, uint32_t max_payload, struct frame_info *fi)
+{
+	size_t left = c->len - c->off, have;
+	uint8_t head[PEEK_LEN], end;
+	int rc;
+
+	if (left < FRAME_HEADER_SIZE)
+		return FRAME_SCAN_AGAIN;
+	/* Fast path: the whole frame lies in the chain at the cursor. */
+	if (c->i < c->nv) {
+		size_t n = c->v[c->i].iov_len - c->at;
+
+		if (n >= FRAME_HEADER_SIZE) {
+			rc = frame_scan_bytes((const uint8_t *)c->v[c->i].iov_base + c->at, n,
+					      max_payload, fi);
+			if (rc != FRAME_SCAN_AGAIN || n == left)
+				return rc;
+		}
+	}
+	/* The frame spans chains: copy its first bytes, look up its end. */
+	have = left < PEEK_LEN ? left : PEEK_LEN;
+	if (frame_cursor_copy(c, 0, head, have) != 0)
+		return FRAME_SCAN_AGAIN;
+	rc = frame_scan_head(head, have, max_payload, fi);
+	if (rc != FRAME_SCAN_OK)
+		return rc;
+	if (left < frame_scan_wire_len(fi))
+		return FRAME_SCAN_AGAIN;
+	if (frame_cursor_copy(c, FRAME_HEADER_SIZE + fi->size, &end, 1) != 0)
+		return FRAME_SCAN_AGAIN;
+	if (end != FRAME_END)
+		return frame_scan_fail(fi, "frame end octet is not 0xCE");
+	return FRAME_SCAN_OK;
+}
+
 int frame_scan_evbuffer(struct evbuffer *buf, size_t offset, uint32_t max_payload,
 			struct frame_info *fi)
 {
@@ -116,20 +204,15 @@ int frame_scan_evbuffer(struct evbuffer *buf, size_t offset, uint32_t max_payloa
 		return FRAME_SCAN_AGAIN;
 	len -= offset;
 	have = len < PEEK_LEN ? len : PEEK_LEN;
-	if (offset == 0) {
-		if (evbuffer_copyout(buf, head, have) != (ev_ssize_t)have)
-			return FRAME_SCAN_AGAIN;
-	} else if (evbuffer_ptr_set(buf, &pos, offset, EVBUFFER_PTR_SET) != 0 ||
-		   evbuffer_copyout_from(buf, &pos, head, have) != (ev_ssize_t)have) {
+	if (evbuffer_ptr_set(buf, &pos, offset, EVBUFFER_PTR_SET) != 0 ||
+	    evbuffer_copyout_from(buf, &pos, head, have) != (ev_ssize_t)have)
 		return FRAME_SCAN_AGAIN;
-	}
 	rc = frame_scan_head(head, have, max_payload, fi);
 	if (rc != FRAME_SCAN_OK)
 		return rc;
 	if (len < frame_scan_wire_len(fi))
 		return FRAME_SCAN_AGAIN;
-	if (evbuffer_ptr_set(buf, &pos, offset + FRAME_HEADER_SIZE + fi->size,
-			     EVBUFFER_PTR_SET) != 0 ||
+	if (evbuffer_ptr_set(buf, &pos, FRAME_HEADER_SIZE + fi->size, EVBUFFER_PTR_ADD) != 0 ||
 	    evbuffer_copyout_from(buf, &pos, &end, 1) != 1)
 		return FRAME_SCAN_AGAIN;
 	if (end != FRAME_END)

@@ -1,4 +1,4 @@
-/* acemq-bench: AMQP 0-9-1 load generator; throughput, latency and a target process's CPU and memory. */
+/* acemq-bench: AMQP 0-9-1 load generator; throughput, latency, a process's CPU and memory. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -26,7 +26,7 @@
 
 #define BENCH_MAX_PIDS 16
 #define BENCH_MAX_IDLE 100000
-#define BENCH_NS 1000000000ULL
+#define BENCH_NS       1000000000ULL
 /* After the timed window: how long publishers wait for outstanding confirms. */
 #define BENCH_DRAIN_NS (5 * BENCH_NS)
 /* After the timed window: when sockets of stuck threads are shut down. */
@@ -112,29 +112,29 @@ struct bench_proc {
 };
 
 static struct bench_opts bench_opts = {
-	.host = "127.0.0.1",
-	.port = 5672,
-	.user = "guest",
-	.password = "guest",
-	.vhost = "/",
-	.publishers = 1,
-	.consumers = 1,
-	.size = 256,
-	.confirms = 0,
-	.window = 256,
-	.auto_ack = 0,
-	.prefetch = 100,
-	.ack_every = 1,
-	.rate = 0,
-	.duration = 5,
-	.queue = NULL,
-	.prefill = 0,
-	.frame_max = 131072,
-	.npids = 0,
-	.idle = 0,
-	.idle_wait = 2,
-	.idle_threads = 8,
-	.quiet = 0,
+    .host = "127.0.0.1",
+    .port = 5672,
+    .user = "guest",
+    .password = "guest",
+    .vhost = "/",
+    .publishers = 1,
+    .consumers = 1,
+    .size = 256,
+    .confirms = 0,
+    .window = 256,
+    .auto_ack = 0,
+    .prefetch = 100,
+    .ack_every = 1,
+    .rate = 0,
+    .duration = 5,
+    .queue = NULL,
+    .prefill = 0,
+    .frame_max = 131072,
+    .npids = 0,
+    .idle = 0,
+    .idle_wait = 2,
+    .idle_threads = 8,
+    .quiet = 0,
 };
 
 static char bench_queue[256];
@@ -173,7 +173,7 @@ static struct timeval bench_timeval(uint64_t ns)
 }
 
 static void bench_fail(struct bench_worker *w, const char *fmt, ...)
-	__attribute__((format(printf, 2, 3)));
+    __attribute__((format(printf, 2, 3)));
 
 static void bench_fail(struct bench_worker *w, const char *fmt, ...)
 {
@@ -204,8 +204,9 @@ static void bench_reply_text(amqp_rpc_reply_t r, char *buf, size_t len)
 		if (r.reply.id == AMQP_CONNECTION_CLOSE_METHOD) {
 			amqp_connection_close_t *m = r.reply.decoded;
 
-			snprintf(buf, len, "connection closed by server: %u %.*s", m->reply_code,
-				 (int)m->reply_text.len, (const char *)m->reply_text.bytes);
+			snprintf(buf, len, "connection closed by server: %u %.*s",
+				 m->reply_code, (int)m->reply_text.len,
+				 (const char *)m->reply_text.bytes);
 		} else if (r.reply.id == AMQP_CHANNEL_CLOSE_METHOD) {
 			amqp_channel_close_t *m = r.reply.decoded;
 
@@ -238,7 +239,7 @@ static int bench_connect(struct bench_worker *w, amqp_connection_state_t *out)
 {
 	amqp_connection_state_t conn;
 	amqp_socket_t *sock;
-	struct timeval tv = { 10, 0 };
+	struct timeval tv = {10, 0};
 	int rc;
 
 	*out = NULL;
@@ -264,7 +265,8 @@ static int bench_connect(struct bench_worker *w, amqp_connection_state_t *out)
 	}
 	if (bench_check(w,
 			amqp_login(conn, bench_opts.vhost, 0, bench_opts.frame_max, 0,
-				   AMQP_SASL_METHOD_PLAIN, bench_opts.user, bench_opts.password),
+				   AMQP_SASL_METHOD_PLAIN, bench_opts.user,
+				   bench_opts.password),
 			"login") < 0)
 		goto fail;
 	amqp_channel_open(conn, 1);
@@ -357,7 +359,7 @@ static void bench_samples_merge(struct bench_worker *ws, int n, struct bench_sam
 /* Reads utime+stime (all threads) and the memory lines of a process. */
 static struct bench_proc bench_proc_read(pid_t pid)
 {
-	struct bench_proc p = { 0, -1, -1, 0 };
+	struct bench_proc p = {0, -1, -1, 0};
 	unsigned long ut, st;
 	char path[64], buf[4096], *close_paren;
 	size_t n;
@@ -400,7 +402,7 @@ static void bench_raise_nofile(rlim_t want)
 	if (rl.rlim_cur >= want)
 		return;
 	if (rl.rlim_max < want) {
-		struct rlimit hard = { want, want };
+		struct rlimit hard = {want, want};
 
 		if (setrlimit(RLIMIT_NOFILE, &hard) == 0)
 			return;
@@ -532,11 +534,13 @@ static void bench_publish_loop(struct bench_worker *w, uint64_t start, uint64_t 
 		((unsigned char *)body.bytes)[i] = (unsigned char)('a' + i % 26);
 	memcpy(body.bytes, &zero, sizeof(zero));
 	if (interval_ns)
-		next = start + interval_ns * (uint64_t)w->index / (uint64_t)bench_opts.publishers;
+		next =
+		    start + interval_ns * (uint64_t)w->index / (uint64_t)bench_opts.publishers;
 
 	for (;;) {
 		now = bench_now();
-		if (now >= deadline || atomic_load(&bench_stop) || (limit && w->published >= limit))
+		if (now >= deadline || atomic_load(&bench_stop) ||
+		    (limit && w->published >= limit))
 			break;
 		if (interval_ns && now < next) {
 			if (bench_opts.confirms) {
@@ -550,7 +554,8 @@ static void bench_publish_loop(struct bench_worker *w, uint64_t start, uint64_t 
 		if (bench_opts.confirms && w->next_tag - w->low_tag >= window) {
 			uint64_t wait = deadline - now;
 
-			if (bench_publisher_poll(w, wait < BENCH_NS / 10 ? wait : BENCH_NS / 10) < 0)
+			if (bench_publisher_poll(w, wait < BENCH_NS / 10 ? wait
+									 : BENCH_NS / 10) < 0)
 				break;
 			continue;
 		}
@@ -582,7 +587,8 @@ static void bench_publish_loop(struct bench_worker *w, uint64_t start, uint64_t 
 		now = bench_now();
 		if (now >= drain_until) {
 			if (limit)
-				bench_fail(w, "%" PRIu64 " confirms missing", w->next_tag - w->low_tag);
+				bench_fail(w, "%" PRIu64 " confirms missing",
+					   w->next_tag - w->low_tag);
 			break;
 		}
 		if (bench_publisher_poll(w, BENCH_NS / 10) < 0)
@@ -616,7 +622,8 @@ static void *bench_publisher_main(void *arg)
 	pthread_barrier_wait(&bench_barrier);
 	if (ok && !atomic_load(&bench_failed)) {
 		if (bench_opts.rate > 0)
-			interval = (uint64_t)((double)BENCH_NS * bench_opts.publishers / bench_opts.rate);
+			interval = (uint64_t)((double)BENCH_NS * bench_opts.publishers /
+					      bench_opts.rate);
 		bench_publish_loop(w, bench_start_ns, bench_deadline_ns, 0, interval, 1);
 	}
 	bench_disconnect(w);
@@ -702,7 +709,8 @@ static void bench_consume_loop(struct bench_worker *w)
 		if (!bench_opts.auto_ack) {
 			last_tag = env.delivery_tag;
 			if (++unacked >= (uint64_t)bench_opts.ack_every) {
-				if (amqp_basic_ack(w->conn, 1, last_tag, bench_opts.ack_every > 1) !=
+				if (amqp_basic_ack(w->conn, 1, last_tag,
+						   bench_opts.ack_every > 1) !=
 				    AMQP_STATUS_OK) {
 					bench_fail(w, "basic.ack failed");
 					amqp_destroy_envelope(&env);
@@ -797,16 +805,19 @@ static void bench_print_latency(const char *label, const char *key, struct bench
 	double max = s->n ? (double)s->v[s->n - 1] / 1000.0 : 0;
 
 	if (!bench_opts.quiet && s->n)
-		printf("%-10s p50 %.3f ms  p90 %.3f ms  p99 %.3f ms  p99.9 %.3f ms  max %.3f ms  (%zu samples)\n",
-		       label, p50 / 1000, p90 / 1000, p99 / 1000, p999 / 1000, max / 1000, s->n);
+		printf("%-10s p50 %.3f ms  p90 %.3f ms  p99 %.3f ms  p99.9 %.3f ms  max %.3f "
+		       "ms  (%zu samples)\n",
+		       label, p50 / 1000, p90 / 1000, p99 / 1000, p999 / 1000, max / 1000,
+		       s->n);
 	if (n < len)
 		snprintf(result + n, len - n,
-			 " %s_samples=%zu %s_p50_us=%.1f %s_p90_us=%.1f %s_p99_us=%.1f %s_p999_us=%.1f %s_max_us=%.1f",
+			 " %s_samples=%zu %s_p50_us=%.1f %s_p90_us=%.1f %s_p99_us=%.1f "
+			 "%s_p999_us=%.1f %s_max_us=%.1f",
 			 key, s->n, key, p50, key, p90, key, p99, key, p999, key, max);
 }
 
 static void bench_append(char *result, size_t len, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
+    __attribute__((format(printf, 3, 4)));
 
 static void bench_append(char *result, size_t len, const char *fmt, ...)
 {
@@ -871,7 +882,8 @@ static int bench_load(void)
 		w->index = w->is_publisher ? i - bench_opts.consumers : i;
 		atomic_init(&w->fd, -1);
 		if (pthread_create(&w->thread, NULL,
-				   w->is_publisher ? bench_publisher_main : bench_consumer_main, w) != 0) {
+				   w->is_publisher ? bench_publisher_main : bench_consumer_main,
+				   w) != 0) {
 			fprintf(stderr, "acemq-bench: cannot create a thread\n");
 			exit(1);
 		}
@@ -911,7 +923,9 @@ static int bench_load(void)
 				if (!atomic_load(&ws[i].done) && fd >= 0)
 					shutdown(fd, SHUT_RDWR);
 			}
-			fprintf(stderr, "acemq-bench: threads stuck after the run; sockets shut down\n");
+			fprintf(
+			    stderr,
+			    "acemq-bench: threads stuck after the run; sockets shut down\n");
 			break;
 		}
 		bench_sleep_until(bench_now() + BENCH_NS / 100);
@@ -957,28 +971,35 @@ static int bench_load(void)
 	else
 		snprintf(rate, sizeof(rate), "max");
 	if (!bench_opts.quiet) {
-		printf("target     %s:%d  queue %s  size %zu B  frame_max %d\n", bench_opts.host,
-		       bench_opts.port, bench_queue, bench_opts.size, bench_opts.frame_max);
-		printf("load       publishers %d  consumers %d  confirms %s (window %d)  ack %s (every %d)  prefetch %d  rate %s  duration %.2f s\n",
-		       bench_opts.publishers, bench_opts.consumers, bench_onoff(bench_opts.confirms),
-		       bench_opts.window, bench_opts.auto_ack ? "auto" : "manual", bench_opts.ack_every,
+		printf("target     %s:%d  queue %s  size %zu B  frame_max %d\n",
+		       bench_opts.host, bench_opts.port, bench_queue, bench_opts.size,
+		       bench_opts.frame_max);
+		printf("load       publishers %d  consumers %d  confirms %s (window %d)  ack "
+		       "%s (every %d)  prefetch %d  rate %s  duration %.2f s\n",
+		       bench_opts.publishers, bench_opts.consumers,
+		       bench_onoff(bench_opts.confirms), bench_opts.window,
+		       bench_opts.auto_ack ? "auto" : "manual", bench_opts.ack_every,
 		       bench_opts.prefetch, rate, window_s);
-		printf("published  %" PRIu64 " msg  %.1f msg/s", published, (double)published / pub_s);
+		printf("published  %" PRIu64 " msg  %.1f msg/s", published,
+		       (double)published / pub_s);
 		if (bench_opts.confirms)
-			printf("  (confirmed %" PRIu64 ", nacked %" PRIu64 ")", confirmed, nacked);
+			printf("  (confirmed %" PRIu64 ", nacked %" PRIu64 ")", confirmed,
+			       nacked);
 		printf("\n");
 		printf("consumed   %" PRIu64 " msg  %.1f msg/s  %.1f MB/s\n", consumed,
 		       (double)consumed / cons_s, (double)bytes / cons_s / 1e6);
 	}
-	snprintf(result, sizeof(result),
-		 "RESULT mode=load target=%s:%d size=%zu publishers=%d consumers=%d confirms=%d ack=%s prefetch=%d rate=%.0f prefill=%ld duration_s=%.3f published=%" PRIu64
-		 " confirmed=%" PRIu64 " nacked=%" PRIu64 " consumed=%" PRIu64
-		 " consumed_bytes=%" PRIu64 " pub_rate=%.1f cons_rate=%.1f cons_mbps=%.2f",
-		 bench_opts.host, bench_opts.port, bench_opts.size, bench_opts.publishers,
-		 bench_opts.consumers, bench_opts.confirms, bench_opts.auto_ack ? "auto" : "manual",
-		 bench_opts.prefetch, bench_opts.rate, bench_opts.prefill, window_s, published,
-		 confirmed, nacked, consumed, bytes, (double)published / pub_s, (double)consumed / cons_s,
-		 (double)bytes / cons_s / 1e6);
+	snprintf(
+	    result, sizeof(result),
+	    "RESULT mode=load target=%s:%d size=%zu publishers=%d consumers=%d confirms=%d "
+	    "ack=%s prefetch=%d rate=%.0f prefill=%ld duration_s=%.3f published=%" PRIu64
+	    " confirmed=%" PRIu64 " nacked=%" PRIu64 " consumed=%" PRIu64
+	    " consumed_bytes=%" PRIu64 " pub_rate=%.1f cons_rate=%.1f cons_mbps=%.2f",
+	    bench_opts.host, bench_opts.port, bench_opts.size, bench_opts.publishers,
+	    bench_opts.consumers, bench_opts.confirms, bench_opts.auto_ack ? "auto" : "manual",
+	    bench_opts.prefetch, bench_opts.rate, bench_opts.prefill, window_s, published,
+	    confirmed, nacked, consumed, bytes, (double)published / pub_s,
+	    (double)consumed / cons_s, (double)bytes / cons_s / 1e6);
 	bench_print_latency("latency", "lat", &e2e, result, sizeof(result));
 	if (bench_opts.confirms)
 		bench_print_latency("confirm", "confirm", &conf, result, sizeof(result));
@@ -989,23 +1010,27 @@ static int bench_load(void)
 		double per_gb = bytes ? cpu * 1e9 / (double)bytes : 0;
 
 		if (!before[i].ok || !after[i].ok) {
-			fprintf(stderr, "acemq-bench: cannot read /proc/%d\n", (int)bench_opts.pids[i]);
+			fprintf(stderr, "acemq-bench: cannot read /proc/%d\n",
+				(int)bench_opts.pids[i]);
 			failed = 1;
 			continue;
 		}
 		if (!bench_opts.quiet)
-			printf("pid %-6d cpu %.2f s (%.1f%% of one core, %.2f s per million consumed)  VmHWM %ld kB  VmRSS %ld kB\n",
+			printf("pid %-6d cpu %.2f s (%.1f%% of one core, %.2f s per million "
+			       "consumed)  VmHWM %ld kB  VmRSS %ld kB\n",
 			       (int)bench_opts.pids[i], cpu, cpu * 100 / window_s, per_m,
 			       after[i].hwm_kb, after[i].rss_kb);
 		bench_append(result, sizeof(result),
-			     " pid%d=%d cpu%d_s=%.2f cpu%d_per_M=%.3f cpu%d_per_GB=%.3f hwm%d_kb=%ld rss%d_kb=%ld",
+			     " pid%d=%d cpu%d_s=%.2f cpu%d_per_M=%.3f cpu%d_per_GB=%.3f "
+			     "hwm%d_kb=%ld rss%d_kb=%ld",
 			     i, (int)bench_opts.pids[i], i, cpu, i, per_m, i, per_gb, i,
 			     after[i].hwm_kb, i, after[i].rss_kb);
 	}
 	if (getrusage(RUSAGE_SELF, &ru) == 0)
 		bench_append(result, sizeof(result), " bench_cpu_s=%.2f",
 			     (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
-				     (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6);
+				 (double)ru.ru_stime.tv_sec +
+				 (double)ru.ru_stime.tv_usec / 1e6);
 	bench_append(result, sizeof(result), " errors=%d", failed);
 	printf("%s\n", result);
 	fflush(stdout);
@@ -1107,7 +1132,8 @@ static int bench_idle_mode(void)
 	for (i = 0; i < nthreads; i++) {
 		if (ts[i].failed) {
 			if (!failures)
-				fprintf(stderr, "acemq-bench: opening connections: %s\n", ts[i].error);
+				fprintf(stderr, "acemq-bench: opening connections: %s\n",
+					ts[i].error);
 			failures += ts[i].failed;
 		}
 	}
@@ -1118,7 +1144,8 @@ static int bench_idle_mode(void)
 	bench_snapshot(closed);
 
 	if (!bench_opts.quiet) {
-		printf("target     %s:%d  idle connections %d (opened %d in %.2f s, %.0f/s)  frame_max %d\n",
+		printf("target     %s:%d  idle connections %d (opened %d in %.2f s, %.0f/s)  "
+		       "frame_max %d\n",
 		       bench_opts.host, bench_opts.port, bench_opts.idle, opened,
 		       (double)(t1 - t0) / BENCH_NS,
 		       opened / ((double)(t1 - t0) / BENCH_NS + 1e-9), bench_opts.frame_max);
@@ -1131,20 +1158,24 @@ static int bench_idle_mode(void)
 		double per_conn;
 
 		if (!before[i].ok || !after[i].ok) {
-			fprintf(stderr, "acemq-bench: cannot read /proc/%d\n", (int)bench_opts.pids[i]);
+			fprintf(stderr, "acemq-bench: cannot read /proc/%d\n",
+				(int)bench_opts.pids[i]);
 			failures++;
 			continue;
 		}
 		per_conn = opened ? (double)(after[i].rss_kb - before[i].rss_kb) / opened : 0;
 		if (!bench_opts.quiet)
-			printf("pid %-6d VmRSS %ld kB -> %ld kB with the connections (%.1f kB per connection), %ld kB after closing; VmHWM %ld kB\n",
-			       (int)bench_opts.pids[i], before[i].rss_kb, after[i].rss_kb, per_conn,
-			       closed[i].rss_kb, after[i].hwm_kb);
-		bench_append(result, sizeof(result),
-			     " pid%d=%d rss%d_before_kb=%ld rss%d_kb=%ld rss%d_per_conn_kb=%.2f rss%d_closed_kb=%ld hwm%d_kb=%ld cpu%d_s=%.2f",
-			     i, (int)bench_opts.pids[i], i, before[i].rss_kb, i, after[i].rss_kb, i,
-			     per_conn, i, closed[i].rss_kb, i, after[i].hwm_kb, i,
-			     after[i].cpu_s - before[i].cpu_s);
+			printf("pid %-6d VmRSS %ld kB -> %ld kB with the connections (%.1f kB "
+			       "per connection), %ld kB after closing; VmHWM %ld kB\n",
+			       (int)bench_opts.pids[i], before[i].rss_kb, after[i].rss_kb,
+			       per_conn, closed[i].rss_kb, after[i].hwm_kb);
+		bench_append(
+		    result, sizeof(result),
+		    " pid%d=%d rss%d_before_kb=%ld rss%d_kb=%ld rss%d_per_conn_kb=%.2f "
+		    "rss%d_closed_kb=%ld hwm%d_kb=%ld cpu%d_s=%.2f",
+		    i, (int)bench_opts.pids[i], i, before[i].rss_kb, i, after[i].rss_kb, i,
+		    per_conn, i, closed[i].rss_kb, i, after[i].hwm_kb, i,
+		    after[i].cpu_s - before[i].cpu_s);
 	}
 	bench_append(result, sizeof(result), " errors=%d", failures ? 1 : 0);
 	printf("%s\n", result);
@@ -1156,33 +1187,36 @@ static int bench_idle_mode(void)
 
 static void bench_usage(FILE *out)
 {
-	fprintf(out,
-		"usage: acemq-bench [options]\n"
-		"  -H, --host HOST          broker or proxy address (default 127.0.0.1)\n"
-		"  -p, --port PORT          port (default 5672)\n"
-		"      --target HOST:PORT   both at once\n"
-		"      --user U, --password P, --vhost V   credentials (guest, guest, /)\n"
-		"  -P, --publishers N       publisher connections (default 1)\n"
-		"  -C, --consumers N        consumer connections (default 1)\n"
-		"  -s, --size BYTES         message size, K/M suffixes (default 256, at least 8)\n"
-		"  -c, --confirms           publisher confirms\n"
-		"      --window N           unconfirmed messages per publisher (default 256)\n"
-		"  -a, --auto-ack           consumers use auto-ack (default: manual acks)\n"
-		"      --ack-every N        ack every Nth delivery with multiple=true (default 1)\n"
-		"  -q, --prefetch N         basic.qos prefetch count, 0 unlimited (default 100)\n"
-		"  -r, --rate MSGS          total publish rate in msg/s, 0 as fast as possible (default 0)\n"
-		"  -d, --duration SECONDS   length of the measured run (default 5)\n"
-		"  -Q, --queue NAME         queue to (re)declare and delete (default acemq-bench-PID)\n"
-		"      --prefill N          publish N messages before the run (not measured)\n"
-		"      --frame-max BYTES    frame_max asked for (default 131072)\n"
-		"      --pid PID[,PID]      process to measure (CPU, VmHWM, VmRSS); repeatable\n"
-		"      --idle-connections K open K connections, wait, measure RSS, close\n"
-		"      --idle-wait SECONDS  wait before measuring idle connections (default 2)\n"
-		"      --idle-threads N     threads opening idle connections (default 8)\n"
-		"      --quiet              only the RESULT line\n"
-		"  -h, --help\n"
-		"The last line printed is 'RESULT key=value ...'. Latency is end to end,\n"
-		"from the CLOCK_MONOTONIC stamp in the first 8 bytes of each body.\n");
+	fprintf(
+	    out,
+	    "usage: acemq-bench [options]\n"
+	    "  -H, --host HOST          broker or proxy address (default 127.0.0.1)\n"
+	    "  -p, --port PORT          port (default 5672)\n"
+	    "      --target HOST:PORT   both at once\n"
+	    "      --user U, --password P, --vhost V   credentials (guest, guest, /)\n"
+	    "  -P, --publishers N       publisher connections (default 1)\n"
+	    "  -C, --consumers N        consumer connections (default 1)\n"
+	    "  -s, --size BYTES         message size, K/M suffixes (default 256, at least 8)\n"
+	    "  -c, --confirms           publisher confirms\n"
+	    "      --window N           unconfirmed messages per publisher (default 256)\n"
+	    "  -a, --auto-ack           consumers use auto-ack (default: manual acks)\n"
+	    "      --ack-every N        ack every Nth delivery with multiple=true (default 1)\n"
+	    "  -q, --prefetch N         basic.qos prefetch count, 0 unlimited (default 100)\n"
+	    "  -r, --rate MSGS          total publish rate in msg/s, 0 as fast as possible "
+	    "(default 0)\n"
+	    "  -d, --duration SECONDS   length of the measured run (default 5)\n"
+	    "  -Q, --queue NAME         queue to (re)declare and delete (default "
+	    "acemq-bench-PID)\n"
+	    "      --prefill N          publish N messages before the run (not measured)\n"
+	    "      --frame-max BYTES    frame_max asked for (default 131072)\n"
+	    "      --pid PID[,PID]      process to measure (CPU, VmHWM, VmRSS); repeatable\n"
+	    "      --idle-connections K open K connections, wait, measure RSS, close\n"
+	    "      --idle-wait SECONDS  wait before measuring idle connections (default 2)\n"
+	    "      --idle-threads N     threads opening idle connections (default 8)\n"
+	    "      --quiet              only the RESULT line\n"
+	    "  -h, --help\n"
+	    "The last line printed is 'RESULT key=value ...'. Latency is end to end,\n"
+	    "from the CLOCK_MONOTONIC stamp in the first 8 bytes of each body.\n");
 }
 
 static int bench_parse_long(const char *s, long min, long max, long *out)
@@ -1231,7 +1265,8 @@ static int bench_parse_pids(const char *arg)
 	if (!copy)
 		return -1;
 	for (tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-		if (bench_opts.npids == BENCH_MAX_PIDS || bench_parse_long(tok, 1, 1L << 30, &v) < 0) {
+		if (bench_opts.npids == BENCH_MAX_PIDS ||
+		    bench_parse_long(tok, 1, 1L << 30, &v) < 0) {
 			free(copy);
 			return -1;
 		}
@@ -1274,32 +1309,32 @@ enum {
 };
 
 static const struct option bench_long_opts[] = {
-	{ "host", required_argument, NULL, 'H' },
-	{ "port", required_argument, NULL, 'p' },
-	{ "target", required_argument, NULL, BENCH_OPT_TARGET },
-	{ "user", required_argument, NULL, BENCH_OPT_USER },
-	{ "password", required_argument, NULL, BENCH_OPT_PASSWORD },
-	{ "vhost", required_argument, NULL, BENCH_OPT_VHOST },
-	{ "publishers", required_argument, NULL, 'P' },
-	{ "consumers", required_argument, NULL, 'C' },
-	{ "size", required_argument, NULL, 's' },
-	{ "confirms", no_argument, NULL, 'c' },
-	{ "window", required_argument, NULL, BENCH_OPT_WINDOW },
-	{ "auto-ack", no_argument, NULL, 'a' },
-	{ "ack-every", required_argument, NULL, BENCH_OPT_ACK_EVERY },
-	{ "prefetch", required_argument, NULL, 'q' },
-	{ "rate", required_argument, NULL, 'r' },
-	{ "duration", required_argument, NULL, 'd' },
-	{ "queue", required_argument, NULL, 'Q' },
-	{ "prefill", required_argument, NULL, BENCH_OPT_PREFILL },
-	{ "frame-max", required_argument, NULL, BENCH_OPT_FRAME_MAX },
-	{ "pid", required_argument, NULL, BENCH_OPT_PID },
-	{ "idle-connections", required_argument, NULL, BENCH_OPT_IDLE },
-	{ "idle-wait", required_argument, NULL, BENCH_OPT_IDLE_WAIT },
-	{ "idle-threads", required_argument, NULL, BENCH_OPT_IDLE_THREADS },
-	{ "quiet", no_argument, NULL, BENCH_OPT_QUIET },
-	{ "help", no_argument, NULL, 'h' },
-	{ NULL, 0, NULL, 0 },
+    {"host", required_argument, NULL, 'H'},
+    {"port", required_argument, NULL, 'p'},
+    {"target", required_argument, NULL, BENCH_OPT_TARGET},
+    {"user", required_argument, NULL, BENCH_OPT_USER},
+    {"password", required_argument, NULL, BENCH_OPT_PASSWORD},
+    {"vhost", required_argument, NULL, BENCH_OPT_VHOST},
+    {"publishers", required_argument, NULL, 'P'},
+    {"consumers", required_argument, NULL, 'C'},
+    {"size", required_argument, NULL, 's'},
+    {"confirms", no_argument, NULL, 'c'},
+    {"window", required_argument, NULL, BENCH_OPT_WINDOW},
+    {"auto-ack", no_argument, NULL, 'a'},
+    {"ack-every", required_argument, NULL, BENCH_OPT_ACK_EVERY},
+    {"prefetch", required_argument, NULL, 'q'},
+    {"rate", required_argument, NULL, 'r'},
+    {"duration", required_argument, NULL, 'd'},
+    {"queue", required_argument, NULL, 'Q'},
+    {"prefill", required_argument, NULL, BENCH_OPT_PREFILL},
+    {"frame-max", required_argument, NULL, BENCH_OPT_FRAME_MAX},
+    {"pid", required_argument, NULL, BENCH_OPT_PID},
+    {"idle-connections", required_argument, NULL, BENCH_OPT_IDLE},
+    {"idle-wait", required_argument, NULL, BENCH_OPT_IDLE_WAIT},
+    {"idle-threads", required_argument, NULL, BENCH_OPT_IDLE_THREADS},
+    {"quiet", no_argument, NULL, BENCH_OPT_QUIET},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0},
 };
 
 static int bench_parse_args(int argc, char **argv)
@@ -1307,7 +1342,8 @@ static int bench_parse_args(int argc, char **argv)
 	long v;
 	int c, bad;
 
-	while ((c = getopt_long(argc, argv, "H:p:P:C:s:caq:r:d:Q:h", bench_long_opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "H:p:P:C:s:caq:r:d:Q:h", bench_long_opts, NULL)) !=
+	       -1) {
 		bad = 0;
 		switch (c) {
 		case 'H':

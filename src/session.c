@@ -961,19 +961,27 @@ static int session_pump(struct session *s, struct leg *from)
 	size_t run = 0, limit = (size_t)worker_settings.buffer_limit;
 	uint32_t max;
 	unsigned long frames = 0;
+	size_t out_len = 0;
+	struct frame_cursor cur;
 	struct frame_info fi;
 	struct channel *ch;
-	int rc, look;
+	int rc, look, fresh = 1, slow = 0;
 
 	if (s->state == SESSION_HEADER) {
 		rc = session_header(s);
 		if (rc != 0)
 			return rc < 0 ? -1 : 0;
 	}
+	/* The cursor sits at the end of the run of untouched frames; it is
+	 * set again whenever the input changes under it. */
 	for (;;) {
-		out = to->bev ? bufferevent_get_output(to->bev) : NULL;
-		if (out && s->state < SESSION_CLOSING &&
-		    evbuffer_get_length(out) + run >= limit) {
+		if (fresh) {
+			out = to->bev ? bufferevent_get_output(to->bev) : NULL;
+			out_len = out ? evbuffer_get_length(out) : 0;
+			frame_cursor_init(&cur, in);
+			fresh = 0;
+		}
+		if (out && s->state < SESSION_CLOSING && out_len + run >= limit) {
 			session_pause(s, from);
 			break;
 		}
@@ -984,7 +992,19 @@ static int session_pump(struct session *s, struct leg *from)
 		if (from->dir == DIR_TO_CLIENT &&
 		    max < (uint32_t)worker_settings.max_frame_pre_tune)
 			max = (uint32_t)worker_settings.max_frame_pre_tune;
-		rc = frame_scan_evbuffer(in, run, max, &fi);
+		rc = frame_cursor_scan(&cur, max, &fi);
+		if (rc == FRAME_SCAN_AGAIN && cur.partial) {
+			/* More chains than the cursor saw: move what is scanned,
+			 * or scan this one frame the slow way. */
+			if (run) {
+				session_forward(s, from, run);
+				run = 0;
+				fresh = 1;
+				continue;
+			}
+			rc = frame_scan_evbuffer(in, 0, max, &fi);
+			slow = 1;
+		}
 		if (rc == FRAME_SCAN_AGAIN)
 			break;
 		if (rc == FRAME_SCAN_ERROR) {
@@ -1006,15 +1026,25 @@ static int session_pump(struct session *s, struct leg *from)
 		frames++;
 		if (s->state >= SESSION_CLOSING) {
 			session_closing_frame(s, from, &fi);
+			fresh = 1;
 			continue;
 		}
 		look = session_classify(s, from, &fi, &ch);
 		if (look < 0)
 			return -1;
-		if (look == 0) {
-			run += frame_scan_wire_len(&fi);
+		if (look == 0 && slow) {
+			session_forward(s, from, frame_scan_wire_len(&fi));
+			slow = 0;
+			fresh = 1;
 			continue;
 		}
+		if (look == 0) {
+			run += frame_scan_wire_len(&fi);
+			frame_cursor_advance(&cur, frame_scan_wire_len(&fi));
+			continue;
+		}
+		fresh = 1;
+		slow = 0;
 		if (run) {
 			session_forward(s, from, run);
 			run = 0;

@@ -110,6 +110,47 @@ START_TEST(stream_of_frames_at_offsets)
 }
 END_TEST
 
+/* A stream in more chains than a cursor sees at once: scanning goes on
+ * after the scanned frames are drained and the cursor is set again. */
+START_TEST(cursor_over_many_chains)
+{
+	static uint8_t bytes[300 * 16];
+	struct evbuffer *b = evbuffer_new();
+	struct frame_cursor cur;
+	struct frame_info fi;
+	size_t n = 0, i, scanned = 0;
+	int frames = 0, resets = 0;
+
+	for (i = 0; i < 300; i++)
+		n += frame(bytes + n, 3, (uint16_t)(i + 1), "abcdefgh", 8);
+	for (i = 0; i < n; i += 3) /* one chain per 3 bytes */
+		evbuffer_add_reference(b, bytes + i, i + 3 <= n ? 3 : n - i, NULL, NULL);
+	frame_cursor_init(&cur, b);
+	ck_assert(cur.partial);
+	for (;;) {
+		int rc = frame_cursor_scan(&cur, MAXP, &fi);
+
+		if (rc == FRAME_SCAN_AGAIN && cur.partial) {
+			evbuffer_drain(b, scanned);
+			scanned = 0;
+			frame_cursor_init(&cur, b);
+			resets++;
+			continue;
+		}
+		if (rc == FRAME_SCAN_AGAIN)
+			break;
+		ck_assert_int_eq(rc, FRAME_SCAN_OK);
+		ck_assert_uint_eq(fi.channel, (unsigned)frames + 1);
+		ck_assert_int_eq(frame_cursor_advance(&cur, frame_scan_wire_len(&fi)), 0);
+		scanned += frame_scan_wire_len(&fi);
+		frames++;
+	}
+	ck_assert_int_eq(frames, 300);
+	ck_assert_int_gt(resets, 10);
+	evbuffer_free(b);
+}
+END_TEST
+
 static void expect_error(const uint8_t *p, size_t len, uint32_t maxp, uint16_t code)
 {
 	struct frame_info fi;
@@ -164,6 +205,7 @@ int main(void)
 
 	tcase_add_test(tc, split_at_every_byte);
 	tcase_add_test(tc, stream_of_frames_at_offsets);
+	tcase_add_test(tc, cursor_over_many_chains);
 	tcase_add_test(tc, bad_frames);
 	tcase_add_test(tc, oversize_detected_from_header_alone);
 	return unit_run("frame_scan", tc, 1);
