@@ -9,10 +9,10 @@
 #include "rules.h"
 #include "worker.h"
 
+#include "transport.h"
 #include <arpa/inet.h>
 #include <errno.h>
 #include <event2/buffer.h>
-#include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -37,9 +37,9 @@ static const uint8_t session_legacy_headers[2][8] = {{'A', 'M', 'Q', 'P', 1, 1, 
 						     {'A', 'M', 'Q', 'P', 1, 1, 8, 0}};
 static atomic_ullong session_next_id;
 
-static void session_read_cb(struct bufferevent *bev, void *arg);
-static void session_write_cb(struct bufferevent *bev, void *arg);
-static void session_event_cb(struct bufferevent *bev, short what, void *arg);
+static void session_read_cb(struct transport *tr, void *arg);
+static void session_write_cb(struct transport *tr, void *arg);
+static void session_event_cb(struct transport *tr, int what, int err, void *arg);
 static int session_pump(struct session *s, struct leg *from);
 
 static struct leg *session_other(struct session *s, struct leg *l)
@@ -56,7 +56,7 @@ struct evbuffer *session_out(struct session *s, enum chan_dir dir)
 {
 	struct leg *to = dir == DIR_TO_BROKER ? &s->upstream : &s->client;
 
-	return to->bev ? bufferevent_get_output(to->bev) : NULL;
+	return to->tr ? transport_output(to->tr) : NULL;
 }
 
 const struct rules_vhost *session_rules(struct session *s)
@@ -104,10 +104,10 @@ static void session_free(struct session *s)
 	for (i = 0; i < s->nchans; i++)
 		channel_free(s->chans[i]);
 	free(s->chans);
-	if (s->client.bev)
-		bufferevent_free(s->client.bev);
-	if (s->upstream.bev)
-		bufferevent_free(s->upstream.bev);
+	if (s->client.tr)
+		transport_free(s->client.tr);
+	if (s->upstream.tr)
+		transport_free(s->upstream.tr);
 	if (s->timer)
 		event_free(s->timer);
 	s->w->stats.connections_closed++;
@@ -171,21 +171,21 @@ static void session_set_state(struct session *s, enum session_state st)
 /* Free a leg's socket once what is queued for it has been written. */
 static void session_leg_finish(struct session *s, struct leg *l)
 {
-	if (l->bev == NULL)
+	if (l->tr == NULL)
 		return;
-	bufferevent_disable(l->bev, EV_READ);
-	if (l->eof || evbuffer_get_length(bufferevent_get_output(l->bev)) == 0) {
-		bufferevent_free(l->bev);
-		l->bev = NULL;
+	transport_read_disable(l->tr);
+	if (l->eof || evbuffer_get_length(transport_output(l->tr)) == 0) {
+		transport_free(l->tr);
+		l->tr = NULL;
 	} else {
-		bufferevent_setwatermark(l->bev, EV_WRITE, 0, 0);
+		transport_set_write_low(l->tr, 0);
 	}
 }
 
 /* Both legs are gone or going: free when they are. Returns 1 if freed. */
 static int session_reap(struct session *s)
 {
-	if (s->client.bev == NULL && s->upstream.bev == NULL) {
+	if (s->client.tr == NULL && s->upstream.tr == NULL) {
 		session_free(s);
 		return 1;
 	}
@@ -209,13 +209,13 @@ void session_close(struct session *s, uint16_t code, const char *text)
 		return;
 	s->client.done = 1;
 	s->upstream.done = 1;
-	if (s->client.bev && !s->client.eof && s->started) {
-		out = bufferevent_get_output(s->client.bev);
+	if (s->client.tr && !s->client.eof && s->started) {
+		out = transport_output(s->client.tr);
 		method_write_connection_close(out, code, text, 0, 0);
 		s->client.done = 0;
 	}
-	if (s->upstream.bev && !s->upstream.eof && s->state >= SESSION_OPEN) {
-		out = bufferevent_get_output(s->upstream.bev);
+	if (s->upstream.tr && !s->upstream.eof && s->state >= SESSION_OPEN) {
+		out = transport_output(s->upstream.tr);
 		method_write_connection_close(out, REPLY_CONNECTION_FORCED,
 					      "CONNECTION_FORCED - client closed by proxy", 0,
 					      0);
@@ -251,23 +251,23 @@ static void session_protocol_error(struct session *s, uint16_t code, const char 
 			 : code == REPLY_NOT_ALLOWED      ? "NOT_ALLOWED"
 							  : "INTERNAL_ERROR",
 			 why);
-	if (s->client.bev && s->started) {
-		method_write_connection_close(bufferevent_get_output(s->client.bev), code, text,
+	if (s->client.tr && s->started) {
+		method_write_connection_close(transport_output(s->client.tr), code, text,
 					      class_id, method_id);
 	}
 	s->started = 0; /* the close is written: session_close adds none */
 	session_close(s, code, text);
 }
 
-static void session_leg_setup(struct session *s, struct leg *l, struct bufferevent *bev,
+static void session_leg_setup(struct session *s, struct leg *l, struct transport *tr,
 			      enum chan_dir dir)
 {
-	l->bev = bev;
+	l->tr = tr;
 	l->s = s;
 	l->dir = dir;
-	bufferevent_setcb(bev, session_read_cb, session_write_cb, session_event_cb, l);
-	bufferevent_setwatermark(bev, EV_READ, 0, (size_t)worker_settings.buffer_limit);
-	bufferevent_setwatermark(bev, EV_WRITE, (size_t)worker_settings.buffer_limit / 2, 0);
+	transport_setcb(tr, session_read_cb, session_write_cb, session_event_cb, l);
+	transport_set_read_high(tr, (size_t)worker_settings.buffer_limit);
+	transport_set_write_low(tr, (size_t)worker_settings.buffer_limit / 2);
 }
 
 static void session_nodelay(evutil_socket_t fd)
@@ -302,7 +302,7 @@ static void session_format_peer(char *out, size_t len, const struct sockaddr *sa
 struct session *session_new(struct worker *w, int fd, const struct sockaddr *sa, int salen)
 {
 	struct session *s = calloc(1, sizeof(*s));
-	struct bufferevent *bev;
+	struct transport *tr;
 
 	if (s == NULL) {
 		evutil_closesocket(fd);
@@ -313,12 +313,11 @@ struct session *session_new(struct worker *w, int fd, const struct sockaddr *sa,
 	session_format_peer(s->peer, sizeof(s->peer), sa);
 	s->frame_max = (uint32_t)worker_settings.max_frame_pre_tune;
 	s->timer = evtimer_new(w->base, session_timer_cb, s);
-	evutil_make_socket_nonblocking(fd);
 	session_nodelay(fd);
-	bev = bufferevent_socket_new(w->base, fd, BEV_OPT_CLOSE_ON_FREE);
-	if (bev == NULL || s->timer == NULL) {
-		if (bev)
-			bufferevent_free(bev);
+	tr = transport_new(w->base, fd);
+	if (tr == NULL || s->timer == NULL) {
+		if (tr)
+			transport_free(tr);
 		else
 			evutil_closesocket(fd);
 		if (s->timer)
@@ -328,39 +327,38 @@ struct session *session_new(struct worker *w, int fd, const struct sockaddr *sa,
 	}
 	worker_session_add(w, s);
 	w->stats.connections_accepted++;
-	session_leg_setup(s, &s->client, bev, DIR_TO_BROKER);
+	session_leg_setup(s, &s->client, tr, DIR_TO_BROKER);
 	session_set_state(s, SESSION_HEADER);
 	session_timer_set(s, worker_settings.handshake_timeout_ms);
-	bufferevent_enable(bev, EV_READ | EV_WRITE);
+	transport_read_enable(tr);
 	session_log(s, LOG_DEBUG, "accepted");
 	return s;
 }
 
 static int session_connect_upstream(struct session *s, const uint8_t header[8])
 {
-	struct bufferevent *bev = bufferevent_socket_new(s->w->base, -1, BEV_OPT_CLOSE_ON_FREE);
+	struct transport *tr =
+	    transport_connect(s->w->base, (struct sockaddr *)&worker_settings.upstream,
+			      worker_settings.upstream_len);
 
-	if (bev == NULL)
-		return -1;
-	session_leg_setup(s, &s->upstream, bev, DIR_TO_CLIENT);
-	session_set_state(s, SESSION_CONNECTING);
-	/* The header is queued now and sent once connected. */
-	evbuffer_add(bufferevent_get_output(bev), header, 8);
-	if (bufferevent_socket_connect(bev, (struct sockaddr *)&worker_settings.upstream,
-				       worker_settings.upstream_len) != 0) {
+	if (tr == NULL) {
 		session_log(s, LOG_WARNING, "cannot connect to broker %s: %s",
 			    worker_settings.upstream_name, strerror(errno));
 		s->w->stats.upstream_failures++;
 		return -1;
 	}
-	bufferevent_enable(bev, EV_READ | EV_WRITE);
+	session_leg_setup(s, &s->upstream, tr, DIR_TO_CLIENT);
+	session_set_state(s, SESSION_CONNECTING);
+	/* The header is queued now and sent once connected. */
+	evbuffer_add(transport_output(tr), header, 8);
+	transport_read_enable(tr);
 	return 0;
 }
 
 /* The client's protocol header. Returns 0 to go on, -1 if s is gone. */
 static int session_header(struct session *s)
 {
-	struct evbuffer *in = bufferevent_get_input(s->client.bev);
+	struct evbuffer *in = transport_input(s->client.tr);
 	uint8_t hdr[8];
 
 	if (evbuffer_get_length(in) < sizeof(hdr))
@@ -371,7 +369,7 @@ static int session_header(struct session *s)
 	    memcmp(hdr, session_legacy_headers[1], sizeof(hdr)) != 0) {
 		session_log(s, LOG_WARNING, "not an AMQP 0-9-1 protocol header");
 		s->w->stats.connections_refused++;
-		evbuffer_add(bufferevent_get_output(s->client.bev), session_amqp_header,
+		evbuffer_add(transport_output(s->client.tr), session_amqp_header,
 			     sizeof(session_amqp_header));
 		s->client.done = 1;
 		session_flush_and_go(s);
@@ -389,7 +387,6 @@ static int session_header(struct session *s)
 
 static void session_tuned(struct session *s, const amqp_connection_tune_ok_t *t)
 {
-	struct timeval tv;
 	size_t room;
 
 	s->channel_max = t->channel_max ? t->channel_max : 65535;
@@ -400,19 +397,13 @@ static void session_tuned(struct session *s, const amqp_connection_tune_ok_t *t)
 	room = (size_t)s->frame_max + 4096;
 	if (room < (size_t)worker_settings.buffer_limit)
 		room = (size_t)worker_settings.buffer_limit;
-	bufferevent_setwatermark(s->client.bev, EV_READ, 0, room);
-	if (s->upstream.bev)
-		bufferevent_setwatermark(s->upstream.bev, EV_READ, 0, room);
-	if (s->heartbeat) {
-		/* A peer is dead after two missed heartbeat intervals. */
-		tv.tv_sec = 2 * (time_t)s->heartbeat;
-		tv.tv_usec = 0;
-		bufferevent_set_timeouts(s->client.bev, &tv, NULL);
-		if (s->upstream.bev)
-			bufferevent_set_timeouts(s->upstream.bev, &tv, NULL);
-	} else {
-		bufferevent_set_timeouts(s->client.bev, NULL, NULL);
-	}
+	transport_set_read_high(s->client.tr, room);
+	if (s->upstream.tr)
+		transport_set_read_high(s->upstream.tr, room);
+	/* A peer is dead after two missed heartbeat intervals. */
+	transport_set_read_timeout(s->client.tr, 2000L * s->heartbeat);
+	if (s->upstream.tr)
+		transport_set_read_timeout(s->upstream.tr, 2000L * s->heartbeat);
 	session_set_state(s, SESSION_OPEN);
 }
 
@@ -440,7 +431,7 @@ static void session_start_ok(struct session *s, const amqp_connection_start_ok_t
 /* Forward the frame at the front of from's input, unchanged. */
 static void session_forward(struct session *s, struct leg *from, size_t len)
 {
-	struct evbuffer *in = bufferevent_get_input(from->bev);
+	struct evbuffer *in = transport_input(from->tr);
 	struct evbuffer *out = session_out(s, from->dir);
 
 	if (from->dir == DIR_TO_BROKER)
@@ -569,7 +560,7 @@ static int session_content_method(struct session *s, struct leg *from, struct ch
 {
 	enum pipe_kind kind;
 	struct pipe_msg *m;
-	struct evbuffer *in = bufferevent_get_input(from->bev);
+	struct evbuffer *in = transport_input(from->tr);
 	size_t len = frame_scan_wire_len(fi);
 	int want;
 
@@ -655,7 +646,7 @@ static int session_content_method(struct session *s, struct leg *from, struct ch
 static int session_method(struct session *s, struct leg *from, const struct frame_info *fi,
 			  struct channel *ch)
 {
-	struct evbuffer *in = bufferevent_get_input(from->bev);
+	struct evbuffer *in = transport_input(from->tr);
 	size_t len = frame_scan_wire_len(fi);
 	amqp_pool_t *pool = &s->w->pool;
 	amqp_method_number_t id;
@@ -879,7 +870,7 @@ static int session_content(struct session *s, struct leg *from, const struct fra
 			   struct channel *ch)
 {
 	struct chan_content *c = &ch->content[from->dir];
-	struct evbuffer *in = bufferevent_get_input(from->bev);
+	struct evbuffer *in = transport_input(from->tr);
 	struct pipe_msg *m = c->msg;
 	int rc;
 
@@ -916,12 +907,12 @@ static int session_content(struct session *s, struct leg *from, const struct fra
 static void session_closing_frame(struct session *s, struct leg *from,
 				  const struct frame_info *fi)
 {
-	struct evbuffer *in = bufferevent_get_input(from->bev);
+	struct evbuffer *in = transport_input(from->tr);
 
 	if (fi->type == FRAME_METHOD && fi->channel == 0 && fi->class_id == 10 &&
 	    (fi->method_id == 50 || fi->method_id == 51)) {
-		if (fi->method_id == 50 && from->bev)
-			method_write(bufferevent_get_output(from->bev), 0,
+		if (fi->method_id == 50 && from->tr)
+			method_write(transport_output(from->tr), 0,
 				     AMQP_CONNECTION_CLOSE_OK_METHOD,
 				     &(amqp_connection_close_ok_t){0});
 		from->done = 1;
@@ -938,7 +929,7 @@ static int session_channel_closing(struct session *s, struct leg *from,
 	if (fi->type == FRAME_METHOD && fi->class_id == 20 && fi->method_id == 41 &&
 	    from->dir == DIR_TO_CLIENT)
 		return session_method(s, from, fi, ch);
-	evbuffer_drain(bufferevent_get_input(from->bev), frame_scan_wire_len(fi));
+	evbuffer_drain(transport_input(from->tr), frame_scan_wire_len(fi));
 	return 0;
 }
 
@@ -947,7 +938,7 @@ static void session_pause(struct session *s, struct leg *from)
 	if (!from->paused) {
 		from->paused = 1;
 		s->w->stats.backpressure_pauses++;
-		bufferevent_disable(from->bev, EV_READ);
+		transport_read_disable(from->tr);
 	}
 }
 
@@ -955,7 +946,7 @@ static void session_pause(struct session *s, struct leg *from)
  * -1 when the session is gone. */
 static int session_pump(struct session *s, struct leg *from)
 {
-	struct evbuffer *in = bufferevent_get_input(from->bev);
+	struct evbuffer *in = transport_input(from->tr);
 	struct leg *to = session_other(s, from);
 	struct evbuffer *out;
 	size_t run = 0, limit = (size_t)worker_settings.buffer_limit;
@@ -976,7 +967,7 @@ static int session_pump(struct session *s, struct leg *from)
 	 * set again whenever the input changes under it. */
 	for (;;) {
 		if (fresh) {
-			out = to->bev ? bufferevent_get_output(to->bev) : NULL;
+			out = to->tr ? transport_output(to->tr) : NULL;
 			out_len = out ? evbuffer_get_length(out) : 0;
 			frame_cursor_init(&cur, in);
 			fresh = 0;
@@ -1071,34 +1062,36 @@ static int session_pump(struct session *s, struct leg *from)
 			session_leg_finish(s, &s->upstream);
 		return session_reap(s) ? -1 : 0;
 	}
+	if (from->tr)
+		transport_input_consumed(from->tr);
 	return 0;
 }
 
-static void session_read_cb(struct bufferevent *bev, void *arg)
+static void session_read_cb(struct transport *tr, void *arg)
 {
 	struct leg *l = arg;
 
 	session_pump(l->s, l);
 }
 
-static void session_write_cb(struct bufferevent *bev, void *arg)
+static void session_write_cb(struct transport *tr, void *arg)
 {
 	struct leg *l = arg;
 	struct session *s = l->s;
 	struct leg *other = session_other(s, l);
 
 	if (s->state >= SESSION_CLOSING || (l->eof && other->eof)) {
-		if (evbuffer_get_length(bufferevent_get_output(bev)) == 0 &&
+		if (evbuffer_get_length(transport_output(tr)) == 0 &&
 		    (s->state == SESSION_FLUSHING || l->done)) {
-			bufferevent_free(l->bev);
-			l->bev = NULL;
+			transport_free(l->tr);
+			l->tr = NULL;
 			session_reap(s);
 		}
 		return;
 	}
-	if (other->paused && other->bev) {
+	if (other->paused && other->tr) {
 		other->paused = 0;
-		bufferevent_enable(other->bev, EV_READ);
+		transport_read_enable(other->tr);
 		session_pump(s, other);
 	}
 }
@@ -1135,19 +1128,19 @@ static void session_leg_lost(struct session *s, struct leg *l, const char *why)
 	session_flush_and_go(s);
 }
 
-static void session_event_cb(struct bufferevent *bev, short what, void *arg)
+static void session_event_cb(struct transport *tr, int what, int err, void *arg)
 {
 	struct leg *l = arg;
 	struct session *s = l->s;
 	char why[128];
 
-	if (what & BEV_EVENT_CONNECTED) {
-		session_nodelay(bufferevent_getfd(bev));
+	if (what & TRANSPORT_CONNECTED) {
+		session_nodelay(transport_fd(tr));
 		session_set_state(s, SESSION_HANDSHAKE);
 		session_pump(s, &s->client); /* anything the client sent early */
 		return;
 	}
-	if (what & BEV_EVENT_TIMEOUT) {
+	if (what & TRANSPORT_TIMEOUT) {
 		snprintf(why, sizeof(why), "no heartbeat for %u s", 2u * s->heartbeat);
 		if (l == &s->upstream && s->state == SESSION_OPEN) {
 			session_log(s, LOG_WARNING, "broker missed heartbeats");
@@ -1163,25 +1156,22 @@ static void session_event_cb(struct bufferevent *bev, short what, void *arg)
 		session_flush_and_go(s);
 		return;
 	}
-	if (what & BEV_EVENT_ERROR) {
-		int err = EVUTIL_SOCKET_ERROR();
-
+	if (what & TRANSPORT_ERROR) {
 		if (s->state == SESSION_CONNECTING && l == &s->upstream) {
 			session_log(s, LOG_WARNING, "cannot connect to broker %s: %s",
-				    worker_settings.upstream_name,
-				    evutil_socket_error_to_string(err));
+				    worker_settings.upstream_name, strerror(err));
 			s->w->stats.upstream_failures++;
 			session_free(s);
 			return;
 		}
-		snprintf(why, sizeof(why), "%s", evutil_socket_error_to_string(err));
+		snprintf(why, sizeof(why), "%s", strerror(err));
 	} else {
 		snprintf(why, sizeof(why), "end of stream");
 	}
 	/* Frames that arrived before the end still go through. */
-	if (l->bev && s->state != SESSION_FLUSHING && session_pump(s, l) != 0)
+	if (l->tr && s->state != SESSION_FLUSHING && session_pump(s, l) != 0)
 		return;
-	if (l->bev == NULL)
+	if (l->tr == NULL)
 		return;
 	session_leg_lost(s, l, why);
 }

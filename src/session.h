@@ -9,7 +9,7 @@
 #include <stdint.h>
 #include <sys/socket.h>
 
-struct bufferevent;
+struct transport;
 struct event;
 struct evbuffer;
 struct worker;
@@ -25,7 +25,7 @@ enum session_state {
 };
 
 struct leg {
-	struct bufferevent *bev;
+	struct transport *tr;
 	struct session *s;
 	enum chan_dir dir;   /* direction of the frames this leg reads */
 	unsigned paused : 1; /* reads stopped: the other leg's output is full */

@@ -1,0 +1,338 @@
+/* transport: one non-blocking TCP socket with an input and an output
+ * evbuffer: large reads until the socket is dry, writes tried at once and
+ * batched per loop turn, and the socket watched for writing only while
+ * output is stuck. */
+#include "transport.h"
+
+#include <errno.h>
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#define TRANSPORT_READ_CHUNK  65536      /* space reserved per read */
+#define TRANSPORT_READ_BUDGET (1u << 20) /* bytes read per wake-up, for fairness */
+
+struct transport {
+	evutil_socket_t fd;
+	struct event *rev, *wev;
+	struct evbuffer *in, *out;
+	transport_cb read_cb, drained_cb;
+	transport_event_cb event_cb;
+	void *arg;
+	size_t read_high, write_low;
+	struct timeval read_timeout;
+	unsigned reading : 1;       /* the owner wants input */
+	unsigned full : 1;          /* input reached read_high */
+	unsigned write_waiting : 1; /* wev added: the socket was full */
+	unsigned write_queued : 1;  /* wev made active to write this turn */
+	unsigned connecting : 1;
+	unsigned timeout_set : 1;
+	unsigned dead : 1; /* EOF or error seen: no more I/O */
+};
+
+static void transport_arm_read(struct transport *t)
+{
+	int want = t->reading && !t->full && !t->connecting && !t->dead;
+
+	if (want)
+		event_add(t->rev, t->timeout_set ? &t->read_timeout : NULL);
+	else
+		event_del(t->rev);
+}
+
+static void transport_fail(struct transport *t, int what, int err)
+{
+	t->dead = 1;
+	event_del(t->rev);
+	event_del(t->wev);
+	t->write_waiting = 0;
+	if (t->event_cb)
+		t->event_cb(t, what, err, t->arg);
+}
+
+/* Read until the socket is dry, the input is full or the budget is spent. */
+static void transport_read(struct transport *t)
+{
+	size_t total = 0;
+	int eof = 0, err = 0;
+
+	while (total < TRANSPORT_READ_BUDGET) {
+		struct evbuffer_iovec v[2];
+		struct iovec iov[2];
+		int n = evbuffer_reserve_space(t->in, TRANSPORT_READ_CHUNK, v, 2), i;
+		ssize_t got;
+
+		if (n <= 0) {
+			err = ENOMEM;
+			break;
+		}
+		for (i = 0; i < n; i++) {
+			iov[i].iov_base = v[i].iov_base;
+			iov[i].iov_len = v[i].iov_len;
+		}
+		got = readv(t->fd, iov, n);
+		if (got <= 0) {
+			evbuffer_commit_space(t->in, v, 0);
+			if (got == 0)
+				eof = 1;
+			else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+				err = errno;
+			break;
+		}
+		for (i = 0; i < n; i++) {
+			size_t take = (size_t)got < v[i].iov_len ? (size_t)got : v[i].iov_len;
+
+			v[i].iov_len = take;
+			got -= (ssize_t)take;
+		}
+		evbuffer_commit_space(t->in, v, n);
+		total += iov[0].iov_len + (n > 1 ? iov[1].iov_len : 0);
+		if (t->read_high && evbuffer_get_length(t->in) >= t->read_high) {
+			t->full = 1;
+			transport_arm_read(t);
+			break;
+		}
+		/* A short read means the socket is dry. */
+		if (v[0].iov_len + (n > 1 ? v[1].iov_len : 0) < TRANSPORT_READ_CHUNK)
+			break;
+	}
+	if (total && t->read_cb)
+		t->read_cb(t, t->arg); /* may free t when eof or err is 0 */
+	else if (eof)
+		transport_fail(t, TRANSPORT_EOF, 0);
+	else if (err)
+		transport_fail(t, TRANSPORT_ERROR, err);
+	/* An end after data is seen on the next wake-up, which reads 0. */
+}
+
+static void transport_read_ev(evutil_socket_t fd, short what, void *arg)
+{
+	struct transport *t = arg;
+
+	if (what & EV_TIMEOUT) {
+		if (t->event_cb)
+			t->event_cb(t, TRANSPORT_TIMEOUT, 0, t->arg);
+		return;
+	}
+	transport_read(t);
+}
+
+/* Write what is queued; wait for the socket only if it is full. */
+static void transport_write(struct transport *t)
+{
+	size_t before = evbuffer_get_length(t->out);
+
+	while (evbuffer_get_length(t->out) > 0) {
+		int n = evbuffer_write(t->out, t->fd);
+
+		if (n < 0) {
+			if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
+				break;
+			transport_fail(t, TRANSPORT_ERROR, errno);
+			return;
+		}
+		if (n == 0)
+			break;
+	}
+	if (evbuffer_get_length(t->out) > 0) {
+		if (!t->write_waiting) {
+			t->write_waiting = 1;
+			event_add(t->wev, NULL);
+		}
+	} else if (t->write_waiting) {
+		t->write_waiting = 0;
+		event_del(t->wev);
+	}
+	if (evbuffer_get_length(t->out) <= t->write_low && before > t->write_low &&
+	    t->drained_cb)
+		t->drained_cb(t, t->arg); /* may free t */
+}
+
+static void transport_connected(struct transport *t)
+{
+	int err = 0;
+	socklen_t len = sizeof(err);
+
+	if (getsockopt(t->fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
+		err = errno;
+	if (err == EINPROGRESS)
+		return;
+	t->connecting = 0;
+	if (err) {
+		transport_fail(t, TRANSPORT_ERROR, err);
+		return;
+	}
+	event_del(t->wev);
+	t->write_waiting = 0;
+	transport_arm_read(t);
+	if (evbuffer_get_length(t->out) > 0) {
+		/* What was queued while connecting goes out this turn. */
+		t->write_queued = 1;
+		event_active(t->wev, EV_WRITE, 1);
+	}
+	if (t->event_cb)
+		t->event_cb(t, TRANSPORT_CONNECTED, 0, t->arg); /* may free t */
+}
+
+static void transport_write_ev(evutil_socket_t fd, short what, void *arg)
+{
+	struct transport *t = arg;
+
+	t->write_queued = 0;
+	if (t->dead)
+		return;
+	if (t->connecting) {
+		transport_connected(t);
+		return;
+	}
+	transport_write(t);
+}
+
+/* Output was added: write it at the end of this loop turn, in one go. */
+static void transport_out_cb(struct evbuffer *buf, const struct evbuffer_cb_info *info,
+			     void *arg)
+{
+	struct transport *t = arg;
+
+	if (info->n_added == 0 || t->write_queued || t->write_waiting || t->connecting ||
+	    t->dead)
+		return;
+	t->write_queued = 1;
+	event_active(t->wev, EV_WRITE, 1);
+}
+
+static struct transport *transport_make(struct event_base *base, evutil_socket_t fd)
+{
+	struct transport *t = calloc(1, sizeof(*t));
+
+	if (t == NULL)
+		return NULL;
+	t->fd = fd;
+	t->in = evbuffer_new();
+	t->out = evbuffer_new();
+	t->rev = event_new(base, fd, EV_READ | EV_PERSIST, transport_read_ev, t);
+	t->wev = event_new(base, fd, EV_WRITE | EV_PERSIST, transport_write_ev, t);
+	if (t->in == NULL || t->out == NULL || t->rev == NULL || t->wev == NULL ||
+	    evbuffer_add_cb(t->out, transport_out_cb, t) == NULL) {
+		transport_free(t);
+		return NULL;
+	}
+	return t;
+}
+
+struct transport *transport_new(struct event_base *base, evutil_socket_t fd)
+{
+	if (evutil_make_socket_nonblocking(fd) != 0)
+		return NULL;
+	return transport_make(base, fd);
+}
+
+struct transport *transport_connect(struct event_base *base, const struct sockaddr *sa,
+				    int salen)
+{
+	evutil_socket_t fd =
+	    socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	struct transport *t;
+
+	if (fd < 0)
+		return NULL;
+	t = transport_make(base, fd);
+	if (t == NULL) {
+		close(fd);
+		return NULL;
+	}
+	t->connecting = 1;
+	if (connect(fd, sa, (socklen_t)salen) != 0 && errno != EINPROGRESS) {
+		int err = errno;
+
+		transport_free(t);
+		errno = err;
+		return NULL;
+	}
+	t->write_waiting = 1;
+	event_add(t->wev, NULL);
+	return t;
+}
+
+void transport_free(struct transport *t)
+{
+	if (t == NULL)
+		return;
+	if (t->rev)
+		event_free(t->rev);
+	if (t->wev)
+		event_free(t->wev);
+	if (t->in)
+		evbuffer_free(t->in);
+	if (t->out)
+		evbuffer_free(t->out);
+	if (t->fd >= 0)
+		close(t->fd);
+	free(t);
+}
+
+void transport_setcb(struct transport *t, transport_cb read, transport_cb drained,
+		     transport_event_cb event, void *arg)
+{
+	t->read_cb = read;
+	t->drained_cb = drained;
+	t->event_cb = event;
+	t->arg = arg;
+}
+
+struct evbuffer *transport_input(struct transport *t)
+{
+	return t->in;
+}
+
+struct evbuffer *transport_output(struct transport *t)
+{
+	return t->out;
+}
+
+evutil_socket_t transport_fd(struct transport *t)
+{
+	return t->fd;
+}
+
+void transport_read_enable(struct transport *t)
+{
+	t->reading = 1;
+	transport_arm_read(t);
+}
+
+void transport_read_disable(struct transport *t)
+{
+	t->reading = 0;
+	transport_arm_read(t);
+}
+
+void transport_set_read_high(struct transport *t, size_t high)
+{
+	t->read_high = high;
+	transport_input_consumed(t);
+}
+
+void transport_set_write_low(struct transport *t, size_t low)
+{
+	t->write_low = low;
+}
+
+void transport_set_read_timeout(struct transport *t, long ms)
+{
+	t->timeout_set = ms > 0;
+	t->read_timeout.tv_sec = ms / 1000;
+	t->read_timeout.tv_usec = (ms % 1000) * 1000;
+	transport_arm_read(t);
+}
+
+void transport_input_consumed(struct transport *t)
+{
+	if (t->full && (!t->read_high || evbuffer_get_length(t->in) < t->read_high)) {
+		t->full = 0;
+		transport_arm_read(t);
+	}
+}

@@ -1,0 +1,51 @@
+/* transport: one non-blocking TCP socket with an input and an output
+ * evbuffer: large reads until the socket is dry, writes tried at once and
+ * batched per loop turn, and the socket watched for writing only while
+ * output is stuck. */
+#ifndef ACEMQ_TRANSPORT_H
+#define ACEMQ_TRANSPORT_H
+
+#include <event2/util.h>
+#include <stddef.h>
+#include <sys/socket.h>
+
+struct event_base;
+struct evbuffer;
+struct transport;
+
+enum {
+	TRANSPORT_EOF = 0x01,       /* the peer closed */
+	TRANSPORT_ERROR = 0x02,     /* a socket error (errno says) */
+	TRANSPORT_TIMEOUT = 0x04,   /* nothing read within the read timeout */
+	TRANSPORT_CONNECTED = 0x08, /* an outgoing connect finished */
+};
+
+typedef void (*transport_cb)(struct transport *t, void *arg);
+typedef void (*transport_event_cb)(struct transport *t, int what, int err, void *arg);
+
+struct transport *transport_new(struct event_base *base, evutil_socket_t fd);
+/* Connect a new transport to sa; the output may be filled at once and is
+ * sent when connected. NULL on failure (errno). */
+struct transport *transport_connect(struct event_base *base, const struct sockaddr *sa,
+				    int salen);
+void transport_free(struct transport *t);
+
+/* read: new input; drained: output fell to the low mark; event: see above. */
+void transport_setcb(struct transport *t, transport_cb read, transport_cb drained,
+		     transport_event_cb event, void *arg);
+struct evbuffer *transport_input(struct transport *t);
+struct evbuffer *transport_output(struct transport *t);
+evutil_socket_t transport_fd(struct transport *t);
+
+void transport_read_enable(struct transport *t);
+void transport_read_disable(struct transport *t);
+/* Stop reading while the input holds high bytes or more (0: no limit). */
+void transport_set_read_high(struct transport *t, size_t high);
+/* Call drained when the output falls to low bytes or fewer. */
+void transport_set_write_low(struct transport *t, size_t low);
+/* No input for ms milliseconds is a TRANSPORT_TIMEOUT (0: none). */
+void transport_set_read_timeout(struct transport *t, long ms);
+/* The input was consumed: resume reading if it had reached the high mark. */
+void transport_input_consumed(struct transport *t);
+
+#endif
