@@ -82,6 +82,7 @@ static void transport_read(struct transport *t)
 				err = errno;
 			break;
 		}
+		total += (size_t)got;
 		for (i = 0; i < n; i++) {
 			size_t take = (size_t)got < v[i].iov_len ? (size_t)got : v[i].iov_len;
 
@@ -89,7 +90,6 @@ static void transport_read(struct transport *t)
 			got -= (ssize_t)take;
 		}
 		evbuffer_commit_space(t->in, v, n);
-		total += iov[0].iov_len + (n > 1 ? iov[1].iov_len : 0);
 		if (t->read_high && evbuffer_get_length(t->in) >= t->read_high) {
 			t->full = 1;
 			transport_arm_read(t);
