@@ -68,8 +68,11 @@ def test_large_body_streamed_not_held():
         assert warm == f"4:{fnv1a64(b'warm'):016x}".encode()
         m, p, got = dch.basic_get(q, auto_ack=True)
         assert got == f"{len(body)}:{fnv1a64(body):016x}".encode()
-        # The whole 16 MiB was never in the proxy at once.
-        assert grew < 8 << 20, f"peak RSS grew {grew} bytes for a streamed 16 MiB body"
+        # The whole 16 MiB was never in the proxy at once. (Under ASan the
+        # allocator's quarantine keeps freed chains resident, so the memory
+        # bound is checked on the normal build only.)
+        if os.environ.get("ACEMQ_IT_SANITIZED") != "1":
+            assert grew < 8 << 20, f"peak RSS grew {grew} bytes for a streamed 16 MiB body"
         dch.queue_delete(q)
         d.close()
         c.close()
