@@ -838,7 +838,9 @@ static int session_classify(struct session *s, struct leg *from, const struct fr
 		}
 		if (fi->class_id == 20) /* channel.* */
 			return 1;
-		if (s->nhooks && fi->class_id == 60)
+		/* Rewrite-only hooks see content methods; acks, consumes and
+		 * gets matter only when tags are translated. */
+		if (s->nhooks && fi->class_id == 60 && (s->track || method_has_content(id)))
 			return 1;
 		if (fi->class_id == 85) /* confirm.select */
 			return 1;

@@ -3,13 +3,14 @@ other side instead of buffering without limit; nothing is lost."""
 import os
 import re
 import signal
-import socket
 import subprocess
 import threading
 import time
 import uuid
 
 import pika
+
+import proxyproc
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROXY = os.environ.get("ACEMQ_PROXY", os.path.join(HERE, "..", "..", "..", "build", "src", "acemq-proxy"))
@@ -29,27 +30,10 @@ def rss(pid):
 
 
 def start_proxy():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([PROXY, "--listen", f"127.0.0.1:{port}", "--workers", "1",
-                             "--buffer-limit", str(LIMIT)], stderr=subprocess.DEVNULL)
-    deadline = time.time() + 10
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return proc, port
-        except OSError:
-            assert time.time() < deadline and proc.poll() is None
-            time.sleep(0.05)
+    return proxyproc.start([PROXY, "--workers", "1", "--buffer-limit", str(LIMIT)])
 
 
-def stop(proc):
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+stop = proxyproc.stop
 
 
 def broker_pid():

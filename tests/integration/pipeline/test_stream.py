@@ -3,13 +3,12 @@ with a routing key "stream.*" are taken as a stream and replaced by
 "LENGTH:FNV1A64", so the broker's copy proves every byte went through the
 hook, and the proxy's peak memory proves it held none of them whole."""
 import os
-import signal
-import socket
 import subprocess
-import time
 import uuid
 
 import pika
+
+import proxyproc
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROXY_TEST = os.environ.get(
@@ -32,20 +31,8 @@ def vm(pid, key):
 
 
 def start():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     env = dict(os.environ, ACEMQ_PROXY_TEST_HOOK="1")
-    proc = subprocess.Popen([PROXY_TEST, "--listen", f"127.0.0.1:{port}", "--workers", "1"],
-                            env=env, stderr=subprocess.PIPE)
-    deadline = time.time() + 10
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return proc, port
-        except OSError:
-            assert time.time() < deadline and proc.poll() is None, "proxy did not start"
-            time.sleep(0.05)
+    return proxyproc.start([PROXY_TEST, "--workers", "1"], env=env, stderr=subprocess.PIPE)
 
 
 def test_large_body_streamed_not_held():
@@ -77,5 +64,4 @@ def test_large_body_streamed_not_held():
         d.close()
         c.close()
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=20)
+        proxyproc.stop(proc)
