@@ -37,9 +37,22 @@ static const uint8_t session_legacy_headers[2][8] = {{'A', 'M', 'Q', 'P', 1, 1, 
 						     {'A', 'M', 'Q', 'P', 1, 1, 8, 0}};
 static atomic_ullong session_next_id;
 
+/* Everything that happens to a session from outside its own call stack:
+ * transport callbacks, its timer, a completion. Each enters through
+ * session_event, which applies the lifetime rule (session_accepts). */
+enum session_event {
+	SEV_READ,      /* a leg has new input */
+	SEV_DRAINED,   /* a leg's output fell to its low mark */
+	SEV_CONNECTED, /* the broker leg's connect finished */
+	SEV_END,       /* a leg's peer closed (err 0) or its socket failed */
+	SEV_SILENT,    /* a leg heard nothing for two heartbeat intervals */
+	SEV_TIMER,     /* the session's timer: connect, handshake or close wait */
+};
+
 static void session_read_cb(struct transport *tr, void *arg);
 static void session_write_cb(struct transport *tr, void *arg);
 static void session_event_cb(struct transport *tr, int what, int err, void *arg);
+static void session_event(struct session *s, struct leg *l, enum session_event ev, int err);
 static int session_pump(struct session *s, struct leg *from);
 
 static struct leg *session_other(struct session *s, struct leg *l)
@@ -94,20 +107,16 @@ struct channel *session_channel(struct session *s, uint16_t id)
 	return s->chans[id];
 }
 
-/* The one place a session is torn down. */
-static void session_free(struct session *s)
+/* The one place a session is torn down; only session_leave calls it, once
+ * the last event on the session's stack has returned. */
+static void session_destroy(struct session *s)
 {
 	uint32_t i;
 
-	session_log(s, LOG_INFO, "closed");
 	pipeline_detach(s);
 	for (i = 0; i < s->nchans; i++)
 		channel_free(s->chans[i]);
 	free(s->chans);
-	if (s->client.tr)
-		transport_free(s->client.tr);
-	if (s->upstream.tr)
-		transport_free(s->upstream.tr);
 	if (s->timer)
 		event_free(s->timer);
 	s->w->stats.connections_closed++;
@@ -115,27 +124,63 @@ static void session_free(struct session *s)
 	free(s);
 }
 
-static void session_timer_cb(evutil_socket_t fd, short what, void *arg)
+/* Lifetimes. Code on the stack of an event may end the session (a close, a
+ * lost leg); the memory stays until the outermost event returns, so no
+ * caller ever touches freed memory, and every event after the end finds the
+ * session GONE (session_accepts). */
+static void session_enter(struct session *s)
 {
-	struct session *s = arg;
+	s->depth++;
+}
 
+static void session_leave(struct session *s)
+{
+	if (--s->depth == 0 && s->state == SESSION_GONE)
+		session_destroy(s);
+}
+
+static void session_set_state(struct session *s, enum session_state st);
+
+/* The session is finished: both sockets close now, and the memory goes
+ * when the current event returns. From here on every event and every
+ * completion finds it gone. */
+static void session_end(struct session *s)
+{
+	if (s->state == SESSION_GONE)
+		return;
+	session_log(s, LOG_INFO, "closed");
+	if (s->client.tr)
+		transport_free(s->client.tr);
+	if (s->upstream.tr)
+		transport_free(s->upstream.tr);
+	s->client.tr = s->upstream.tr = NULL;
+	session_set_state(s, SESSION_GONE);
+}
+
+static void session_timer(struct session *s)
+{
 	switch (s->state) {
 	case SESSION_CONNECTING:
 		session_log(s, LOG_WARNING, "broker %s not reached within %ld ms",
 			    worker_settings.upstream_name, worker_settings.connect_timeout_ms);
 		s->w->stats.upstream_failures++;
-		session_free(s);
-		return;
-	case SESSION_CLOSING:
-	case SESSION_FLUSHING:
-		session_free(s);
-		return;
-	default:
+		break;
+	case SESSION_HEADER:
+	case SESSION_HANDSHAKE:
 		session_log(s, LOG_WARNING, "handshake not finished within %ld ms",
 			    worker_settings.handshake_timeout_ms);
-		session_free(s);
-		return;
+		break;
+	default:
+		break;
 	}
+	session_end(s);
+}
+
+static void session_timer_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct session *s = arg;
+
+	session_event(s, NULL, SEV_TIMER, 0);
 }
 
 static void session_timer_set(struct session *s, long ms)
@@ -163,6 +208,9 @@ static void session_set_state(struct session *s, enum session_state st)
 	case SESSION_FLUSHING:
 		session_timer_set(s, SESSION_CLOSE_WAIT_MS);
 		break;
+	case SESSION_GONE:
+		evtimer_del(s->timer);
+		break;
 	case SESSION_HEADER:
 		break;
 	}
@@ -174,7 +222,9 @@ static void session_leg_finish(struct session *s, struct leg *l)
 	if (l->tr == NULL)
 		return;
 	transport_read_disable(l->tr);
-	if (l->eof || evbuffer_get_length(transport_output(l->tr)) == 0) {
+	/* A broker leg still connecting has nothing the broker needs. */
+	if (l->eof || transport_connecting(l->tr) ||
+	    evbuffer_get_length(transport_output(l->tr)) == 0) {
 		transport_free(l->tr);
 		l->tr = NULL;
 	} else {
@@ -182,11 +232,11 @@ static void session_leg_finish(struct session *s, struct leg *l)
 	}
 }
 
-/* Both legs are gone or going: free when they are. Returns 1 if freed. */
+/* Both legs are gone or going: end when they are. Returns 1 if ended. */
 static int session_reap(struct session *s)
 {
 	if (s->client.tr == NULL && s->upstream.tr == NULL) {
-		session_free(s);
+		session_end(s);
 		return 1;
 	}
 	return 0;
@@ -201,15 +251,16 @@ static void session_flush_and_go(struct session *s)
 	session_reap(s);
 }
 
-void session_close(struct session *s, uint16_t code, const char *text)
+/* The proxy closes the session itself (session_close from inside). */
+static void session_shut(struct session *s, uint16_t code, const char *text)
 {
 	struct evbuffer *out;
 
-	if (s->state == SESSION_CLOSING || s->state == SESSION_FLUSHING)
+	if (s->state >= SESSION_CLOSING)
 		return;
 	s->client.done = 1;
 	s->upstream.done = 1;
-	if (s->client.tr && !s->client.eof && s->started) {
+	if (s->client.tr && !s->client.eof && s->closable) {
 		out = transport_output(s->client.tr);
 		method_write_connection_close(out, code, text, 0, 0);
 		s->client.done = 0;
@@ -227,6 +278,13 @@ void session_close(struct session *s, uint16_t code, const char *text)
 	if (s->upstream.done)
 		session_leg_finish(s, &s->upstream);
 	session_reap(s);
+}
+
+void session_close(struct session *s, uint16_t code, const char *text)
+{
+	session_enter(s);
+	session_shut(s, code, text);
+	session_leave(s);
 }
 
 /* A frame from the client broke the protocol. */
@@ -251,12 +309,13 @@ static void session_protocol_error(struct session *s, uint16_t code, const char 
 			 : code == REPLY_NOT_ALLOWED      ? "NOT_ALLOWED"
 							  : "INTERNAL_ERROR",
 			 why);
-	if (s->client.tr && s->started) {
+	/* Before start-ok the broker closes the socket without a word; after
+	 * it, it says connection.close. */
+	if (s->client.tr && s->closable)
 		method_write_connection_close(transport_output(s->client.tr), code, text,
 					      class_id, method_id);
-	}
-	s->started = 0; /* the close is written: session_close adds none */
-	session_close(s, code, text);
+	s->closable = 0; /* the close is written: session_shut adds none */
+	session_shut(s, code, text);
 }
 
 static void session_leg_setup(struct session *s, struct leg *l, struct transport *tr,
@@ -337,9 +396,10 @@ struct session *session_new(struct worker *w, int fd, const struct sockaddr *sa,
 
 static int session_connect_upstream(struct session *s, const uint8_t header[8])
 {
-	struct transport *tr =
-	    transport_connect(s->w->base, (struct sockaddr *)&worker_settings.upstream,
-			      worker_settings.upstream_len);
+	struct transport *(*connect)(struct event_base *, const struct sockaddr *, int) =
+	    worker_settings.connect ? worker_settings.connect : transport_connect;
+	struct transport *tr = connect(s->w->base, (struct sockaddr *)&worker_settings.upstream,
+				       worker_settings.upstream_len);
 
 	if (tr == NULL) {
 		session_log(s, LOG_WARNING, "cannot connect to broker %s: %s",
@@ -377,7 +437,7 @@ static int session_header(struct session *s)
 	}
 	evbuffer_drain(in, sizeof(hdr));
 	if (session_connect_upstream(s, hdr) != 0) {
-		session_free(s);
+		session_end(s);
 		return -1;
 	}
 	return 0;
@@ -582,7 +642,7 @@ static int session_content_method(struct session *s, struct leg *from, struct ch
 	if (want) {
 		m = pipe_msg_new(kind, ch->id);
 		if (m == NULL) {
-			session_close(s, 541, "INTERNAL_ERROR - out of memory");
+			session_shut(s, 541, "INTERNAL_ERROR - out of memory");
 			return -1;
 		}
 		m->want = want;
@@ -600,8 +660,8 @@ static int session_content_method(struct session *s, struct leg *from, struct ch
 		ch->content[from->dir].expect = EXPECT_HEADER;
 		s->w->stats.messages_assembled++;
 		if (pipeline_collect(s, ch, m, in, len, FRAME_METHOD) != PIPE_COLLECT_OK) {
-			session_close(s, 541,
-				      "INTERNAL_ERROR - the proxy could not handle a message");
+			session_shut(s, 541,
+				     "INTERNAL_ERROR - the proxy could not handle a message");
 			return -1;
 		}
 		return 0;
@@ -672,6 +732,7 @@ static int session_method(struct session *s, struct leg *from, const struct fram
 		break;
 	case AMQP_CONNECTION_START_OK_METHOD:
 		session_start_ok(s, m);
+		s->closable = 1;
 		break;
 	case AMQP_CONNECTION_TUNE_METHOD:
 		s->broker_frame_max = ((amqp_connection_tune_t *)m)->frame_max;
@@ -786,6 +847,46 @@ static int session_method(struct session *s, struct leg *from, const struct fram
 	return 0;
 }
 
+/* Which methods the proxy reads; every other one, including methods newer
+ * than the codec (connection.update-secret), passes untouched and the
+ * broker judges it. */
+static int session_reads(const struct session *s, amqp_method_number_t id)
+{
+	switch (id) {
+	case AMQP_CONNECTION_START_METHOD:
+	case AMQP_CONNECTION_START_OK_METHOD:
+	case AMQP_CONNECTION_TUNE_METHOD:
+	case AMQP_CONNECTION_TUNE_OK_METHOD:
+	case AMQP_CONNECTION_OPEN_METHOD:
+	case AMQP_CONNECTION_OPEN_OK_METHOD:
+	case AMQP_CONNECTION_CLOSE_METHOD:
+	case AMQP_CONNECTION_CLOSE_OK_METHOD:
+	case AMQP_CHANNEL_OPEN_METHOD:
+	case AMQP_CHANNEL_CLOSE_OK_METHOD:
+	case AMQP_CONFIRM_SELECT_METHOD:
+		return 1;
+	/* Rewrite-only hooks see content methods; acks, consumes and gets
+	 * matter only when tags are translated. */
+	case AMQP_BASIC_PUBLISH_METHOD:
+	case AMQP_BASIC_DELIVER_METHOD:
+	case AMQP_BASIC_GET_OK_METHOD:
+	case AMQP_BASIC_RETURN_METHOD:
+		return s->nhooks > 0;
+	case AMQP_BASIC_ACK_METHOD:
+	case AMQP_BASIC_NACK_METHOD:
+	case AMQP_BASIC_REJECT_METHOD:
+	case AMQP_BASIC_CONSUME_METHOD:
+	case AMQP_BASIC_CONSUME_OK_METHOD:
+	case AMQP_BASIC_CANCEL_OK_METHOD:
+	case AMQP_BASIC_GET_METHOD:
+	case AMQP_BASIC_RECOVER_METHOD:
+	case AMQP_BASIC_RECOVER_ASYNC_METHOD:
+		return s->nhooks > 0 && s->track;
+	default:
+		return 0;
+	}
+}
+
 /* Does this frame need more than a byte move? Validates content order on
  * the client's side as it goes. Returns 1 to look, 0 to move, -1 on a
  * protocol error (session closing). */
@@ -809,7 +910,7 @@ static int session_classify(struct session *s, struct leg *from, const struct fr
 					       "content frame on channel 0", 0, 0);
 			return -1;
 		}
-		return 1;
+		return session_reads(s, METHOD_ID(fi->class_id, fi->method_id));
 	}
 	if (s->state < SESSION_OPEN && to_broker) {
 		session_protocol_error(s, REPLY_UNEXPECTED_FRAME,
@@ -821,7 +922,7 @@ static int session_classify(struct session *s, struct leg *from, const struct fr
 	 * broker counts them), not which numbers they have. */
 	ch = session_channel(s, fi->channel);
 	if (ch == NULL) {
-		session_close(s, 541, "INTERNAL_ERROR - out of memory");
+		session_shut(s, 541, "INTERNAL_ERROR - out of memory");
 		return -1;
 	}
 	*chp = ch;
@@ -836,15 +937,7 @@ static int session_classify(struct session *s, struct leg *from, const struct fr
 			if (code)
 				goto bad;
 		}
-		if (fi->class_id == 20) /* channel.* */
-			return 1;
-		/* Rewrite-only hooks see content methods; acks, consumes and
-		 * gets matter only when tags are translated. */
-		if (s->nhooks && fi->class_id == 60 && (s->track || method_has_content(id)))
-			return 1;
-		if (fi->class_id == 85) /* confirm.select */
-			return 1;
-		return 0;
+		return session_reads(s, id);
 	}
 	if (!to_broker && !ch->content[from->dir].msg)
 		return 0;
@@ -888,7 +981,7 @@ static int session_content(struct session *s, struct leg *from, const struct fra
 			    ch->id,
 			    rc == PIPE_COLLECT_TOO_LARGE ? "larger than max_message_size"
 							 : "a hook refused it");
-		session_close(s, 541, "INTERNAL_ERROR - the proxy could not handle a message");
+		session_shut(s, 541, "INTERNAL_ERROR - the proxy could not handle a message");
 		return -1;
 	}
 	if (c->expect == EXPECT_METHOD) {
@@ -896,8 +989,8 @@ static int session_content(struct session *s, struct leg *from, const struct fra
 		if (pipeline_complete(s, ch, m) != 0) {
 			session_log(s, LOG_ERROR,
 				    "message on channel %u could not be forwarded", ch->id);
-			session_close(s, 541,
-				      "INTERNAL_ERROR - the proxy could not handle a message");
+			session_shut(s, 541,
+				     "INTERNAL_ERROR - the proxy could not handle a message");
 			return -1;
 		}
 	}
@@ -965,6 +1058,11 @@ static int session_pump(struct session *s, struct leg *from)
 		if (rc != 0)
 			return rc < 0 ? -1 : 0;
 	}
+	/* The client's frames wait until the broker has spoken
+	 * (connection.start passed): the broker judges nothing earlier
+	 * either, and events keep the order they have on the wire. */
+	if (from == &s->client && !s->started)
+		return 0;
 	/* The cursor sits at the end of the run of untouched frames; it is
 	 * set again whenever the input changes under it. */
 	for (;;) {
@@ -1011,8 +1109,8 @@ static int session_pump(struct session *s, struct leg *from)
 					    fi.error);
 				s->w->stats.upstream_failures++;
 				from->eof = 1;
-				session_close(s, REPLY_CONNECTION_FORCED,
-					      "CONNECTION_FORCED - broker sent a bad frame");
+				session_shut(s, REPLY_CONNECTION_FORCED,
+					     "CONNECTION_FORCED - broker sent a bad frame");
 			}
 			return -1;
 		}
@@ -1048,7 +1146,7 @@ static int session_pump(struct session *s, struct leg *from)
 			rc = session_method(s, from, &fi, ch);
 		else
 			rc = session_content(s, from, &fi, ch);
-		if (rc < 0)
+		if (rc < 0 || from->tr == NULL)
 			return -1;
 	}
 	if (run)
@@ -1069,35 +1167,6 @@ static int session_pump(struct session *s, struct leg *from)
 	return 0;
 }
 
-static void session_read_cb(struct transport *tr, void *arg)
-{
-	struct leg *l = arg;
-
-	session_pump(l->s, l);
-}
-
-static void session_write_cb(struct transport *tr, void *arg)
-{
-	struct leg *l = arg;
-	struct session *s = l->s;
-	struct leg *other = session_other(s, l);
-
-	if (s->state >= SESSION_CLOSING || (l->eof && other->eof)) {
-		if (evbuffer_get_length(transport_output(tr)) == 0 &&
-		    (s->state == SESSION_FLUSHING || l->done)) {
-			transport_free(l->tr);
-			l->tr = NULL;
-			session_reap(s);
-		}
-		return;
-	}
-	if (other->paused && other->tr) {
-		other->paused = 0;
-		transport_read_enable(other->tr);
-		session_pump(s, other);
-	}
-}
-
 /* A leg failed or ended. */
 static void session_leg_lost(struct session *s, struct leg *l, const char *why)
 {
@@ -1112,7 +1181,7 @@ static void session_leg_lost(struct session *s, struct leg *l, const char *why)
 		session_reap(s);
 		return;
 	}
-	if (s->state == SESSION_FLUSHING || s->close_seen || s->state == SESSION_HEADER) {
+	if (s->state == SESSION_FLUSHING || s->close_seen || s->state <= SESSION_CONNECTING) {
 		session_flush_and_go(s);
 		return;
 	}
@@ -1120,8 +1189,8 @@ static void session_leg_lost(struct session *s, struct leg *l, const char *why)
 		session_log(s, LOG_WARNING, "broker connection lost: %s", why);
 		s->w->stats.upstream_failures++;
 		session_leg_finish(s, l);
-		session_close(s, REPLY_CONNECTION_FORCED,
-			      "CONNECTION_FORCED - broker connection lost");
+		session_shut(s, REPLY_CONNECTION_FORCED,
+			     "CONNECTION_FORCED - broker connection lost");
 		return;
 	}
 	/* The client vanished: the broker sees its socket close, as it
@@ -1130,50 +1199,148 @@ static void session_leg_lost(struct session *s, struct leg *l, const char *why)
 	session_flush_and_go(s);
 }
 
+/* A leg's output drained: finish a closing leg, or resume the other leg. */
+static void session_drained(struct session *s, struct leg *l)
+{
+	struct leg *other = session_other(s, l);
+
+	if (s->state >= SESSION_CLOSING || (l->eof && other->eof)) {
+		if (evbuffer_get_length(transport_output(l->tr)) == 0 &&
+		    (s->state == SESSION_FLUSHING || l->done)) {
+			transport_free(l->tr);
+			l->tr = NULL;
+			session_reap(s);
+		}
+		return;
+	}
+	if (other->paused && other->tr) {
+		other->paused = 0;
+		transport_read_enable(other->tr);
+		session_event(s, other, SEV_READ, 0);
+	}
+}
+
+static void session_connected(struct session *s, struct leg *l)
+{
+	session_nodelay(transport_fd(l->tr));
+	session_set_state(s, SESSION_HANDSHAKE);
+}
+
+static void session_silent(struct session *s, struct leg *l)
+{
+	if (l == &s->upstream && s->state == SESSION_OPEN) {
+		session_log(s, LOG_WARNING, "broker missed heartbeats");
+		l->eof = 1;
+		s->w->stats.upstream_failures++;
+		session_leg_finish(s, l);
+		session_shut(s, REPLY_CONNECTION_FORCED,
+			     "CONNECTION_FORCED - broker missed heartbeats");
+		return;
+	}
+	session_log(s, LOG_WARNING, "%s missed heartbeats", session_leg_name(s, l));
+	l->eof = 1;
+	session_flush_and_go(s);
+}
+
+static void session_leg_end(struct session *s, struct leg *l, int err)
+{
+	char why[128];
+
+	if (err && s->state == SESSION_CONNECTING && l == &s->upstream) {
+		session_log(s, LOG_WARNING, "cannot connect to broker %s: %s",
+			    worker_settings.upstream_name, strerror(err));
+		s->w->stats.upstream_failures++;
+		session_end(s);
+		return;
+	}
+	snprintf(why, sizeof(why), "%s", err ? strerror(err) : "end of stream");
+	/* Frames that arrived before the end still go through. */
+	if (s->state != SESSION_FLUSHING && session_pump(s, l) != 0)
+		return;
+	if (l->tr != NULL)
+		session_leg_lost(s, l, why);
+}
+
+/* The lifetime rule, in one place: which events a session still takes.
+ * A session that is gone takes none, and neither does a leg whose socket
+ * is freed; one that started closing takes only those that can finish it
+ * (frames, for the close handshake; drained output; a leg's end; the
+ * close-wait timer). */
+static int session_accepts(const struct session *s, const struct leg *l, enum session_event ev)
+{
+	if (s->state == SESSION_GONE || (l != NULL && l->tr == NULL))
+		return 0;
+	switch (ev) {
+	case SEV_CONNECTED:
+		return s->state == SESSION_CONNECTING && l == &s->upstream;
+	case SEV_SILENT:
+		return s->state < SESSION_CLOSING;
+	case SEV_READ:
+	case SEV_DRAINED:
+	case SEV_END:
+	case SEV_TIMER:
+		return 1;
+	}
+	return 0;
+}
+
+static void session_event(struct session *s, struct leg *l, enum session_event ev, int err)
+{
+	session_enter(s);
+	if (session_accepts(s, l, ev)) {
+		switch (ev) {
+		case SEV_READ:
+			session_pump(s, l);
+			break;
+		case SEV_DRAINED:
+			session_drained(s, l);
+			break;
+		case SEV_CONNECTED:
+			session_connected(s, l);
+			break;
+		case SEV_END:
+			session_leg_end(s, l, err);
+			break;
+		case SEV_SILENT:
+			session_silent(s, l);
+			break;
+		case SEV_TIMER:
+			session_timer(s);
+			break;
+		}
+		/* connection.start just passed: the client's frames that
+		 * waited for it go now. */
+		if (s->started && !s->client_flowing && s->state < SESSION_GONE) {
+			s->client_flowing = 1;
+			if (s->client.tr && evbuffer_get_length(transport_input(s->client.tr)))
+				session_event(s, &s->client, SEV_READ, 0);
+		}
+	}
+	session_leave(s);
+}
+
+static void session_read_cb(struct transport *tr, void *arg)
+{
+	struct leg *l = arg;
+
+	session_event(l->s, l, SEV_READ, 0);
+}
+
+static void session_write_cb(struct transport *tr, void *arg)
+{
+	struct leg *l = arg;
+
+	session_event(l->s, l, SEV_DRAINED, 0);
+}
+
 static void session_event_cb(struct transport *tr, int what, int err, void *arg)
 {
 	struct leg *l = arg;
-	struct session *s = l->s;
-	char why[128];
 
-	if (what & TRANSPORT_CONNECTED) {
-		session_nodelay(transport_fd(tr));
-		session_set_state(s, SESSION_HANDSHAKE);
-		session_pump(s, &s->client); /* anything the client sent early */
-		return;
-	}
-	if (what & TRANSPORT_TIMEOUT) {
-		snprintf(why, sizeof(why), "no heartbeat for %u s", 2u * s->heartbeat);
-		if (l == &s->upstream && s->state == SESSION_OPEN) {
-			session_log(s, LOG_WARNING, "broker missed heartbeats");
-			l->eof = 1;
-			s->w->stats.upstream_failures++;
-			session_leg_finish(s, l);
-			session_close(s, REPLY_CONNECTION_FORCED,
-				      "CONNECTION_FORCED - broker missed heartbeats");
-			return;
-		}
-		session_log(s, LOG_WARNING, "%s missed heartbeats", session_leg_name(s, l));
-		l->eof = 1;
-		session_flush_and_go(s);
-		return;
-	}
-	if (what & TRANSPORT_ERROR) {
-		if (s->state == SESSION_CONNECTING && l == &s->upstream) {
-			session_log(s, LOG_WARNING, "cannot connect to broker %s: %s",
-				    worker_settings.upstream_name, strerror(err));
-			s->w->stats.upstream_failures++;
-			session_free(s);
-			return;
-		}
-		snprintf(why, sizeof(why), "%s", strerror(err));
-	} else {
-		snprintf(why, sizeof(why), "end of stream");
-	}
-	/* Frames that arrived before the end still go through. */
-	if (l->tr && s->state != SESSION_FLUSHING && session_pump(s, l) != 0)
-		return;
-	if (l->tr == NULL)
-		return;
-	session_leg_lost(s, l, why);
+	if (what & TRANSPORT_CONNECTED)
+		session_event(l->s, l, SEV_CONNECTED, 0);
+	else if (what & TRANSPORT_TIMEOUT)
+		session_event(l->s, l, SEV_SILENT, 0);
+	else
+		session_event(l->s, l, SEV_END, (what & TRANSPORT_ERROR) ? err : 0);
 }

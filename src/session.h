@@ -22,6 +22,7 @@ enum session_state {
 	SESSION_OPEN,       /* tuned: frame_max and heartbeats apply */
 	SESSION_CLOSING,    /* the proxy closes both legs itself */
 	SESSION_FLUSHING,   /* the close handshake passed; flushing, then gone */
+	SESSION_GONE,       /* sockets closed; freed when the current event returns */
 };
 
 struct leg {
@@ -45,8 +46,11 @@ struct session {
 	uint32_t broker_frame_max; /* from connection.tune */
 	uint16_t channel_max;
 	uint16_t heartbeat;
-	unsigned started : 1;    /* connection.start reached the client */
-	unsigned close_seen : 1; /* a connection.close passed through */
+	unsigned depth;              /* events on the stack (see session_event) */
+	unsigned started : 1;        /* connection.start reached the client */
+	unsigned client_flowing : 1; /* the client's frames are read (started) */
+	unsigned closable : 1;       /* the client may be sent connection.close */
+	unsigned close_seen : 1;     /* a connection.close passed through */
 	unsigned logged_error : 1;
 	struct channel **chans;
 	uint32_t nchans;
@@ -58,12 +62,15 @@ struct session {
 	const struct pipe_hook *hooks[PIPELINE_MAX_HOOKS];
 	void *hook_state[PIPELINE_MAX_HOOKS];
 	struct session *prev, *next; /* the worker's list */
+	struct session *id_next;     /* the worker's id table */
 };
 
 /* Take over an accepted socket. */
 struct session *session_new(struct worker *w, int fd, const struct sockaddr *sa, int salen);
 /* Close both legs with connection.close code (the proxy's own close). */
 void session_close(struct session *s, uint16_t code, const char *text);
+/* A completion or timer that ran off the session's stack looks its session
+ * up by id with worker_session_find and does nothing when it is gone. */
 
 struct evbuffer *session_out(struct session *s, enum chan_dir dir);
 struct channel *session_channel(struct session *s, uint16_t id);

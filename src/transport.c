@@ -151,14 +151,9 @@ static void transport_write(struct transport *t)
 		t->drained_cb(t, t->arg); /* may free t */
 }
 
-static void transport_connected(struct transport *t)
+void transport_connect_done(struct transport *t, int err)
 {
-	int err = 0;
-	socklen_t len = sizeof(err);
-
-	if (getsockopt(t->fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
-		err = errno;
-	if (err == EINPROGRESS)
+	if (!t->connecting || t->dead)
 		return;
 	t->connecting = 0;
 	if (err) {
@@ -175,6 +170,18 @@ static void transport_connected(struct transport *t)
 	}
 	if (t->event_cb)
 		t->event_cb(t, TRANSPORT_CONNECTED, 0, t->arg); /* may free t */
+}
+
+static void transport_connected(struct transport *t)
+{
+	int err = 0;
+	socklen_t len = sizeof(err);
+
+	if (getsockopt(t->fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
+		err = errno;
+	if (err == EINPROGRESS)
+		return;
+	transport_connect_done(t, err);
 }
 
 static void transport_write_ev(evutil_socket_t fd, short what, void *arg)
@@ -255,6 +262,33 @@ struct transport *transport_connect(struct event_base *base, const struct sockad
 	t->write_waiting = 1;
 	event_add(t->wev, NULL);
 	return t;
+}
+
+struct transport *transport_pending(struct event_base *base, evutil_socket_t fd)
+{
+	struct transport *t;
+
+	if (evutil_make_socket_nonblocking(fd) != 0)
+		return NULL;
+	t = transport_make(base, fd);
+	if (t)
+		t->connecting = 1;
+	return t;
+}
+
+int transport_connecting(const struct transport *t)
+{
+	return t->connecting;
+}
+
+void transport_inject(struct transport *t, int what, int err)
+{
+	if (what == TRANSPORT_TIMEOUT) {
+		if (t->event_cb && t->timeout_set && !t->dead)
+			t->event_cb(t, TRANSPORT_TIMEOUT, 0, t->arg);
+	} else if (!t->dead) {
+		transport_fail(t, what, err);
+	}
 }
 
 void transport_free(struct transport *t)

@@ -28,6 +28,14 @@ struct transport *transport_new(struct event_base *base, evutil_socket_t fd);
  * sent when connected. NULL on failure (errno). */
 struct transport *transport_connect(struct event_base *base, const struct sockaddr *sa,
 				    int salen);
+/* A transport whose connect completes when transport_connect_done says so
+ * (err 0: connected); a seam for tests that script the broker leg. */
+struct transport *transport_pending(struct event_base *base, evutil_socket_t fd);
+void transport_connect_done(struct transport *t, int err);
+int transport_connecting(const struct transport *t);
+/* For tests: deliver a read timeout (TRANSPORT_TIMEOUT, if one is set) or a
+ * failure (TRANSPORT_EOF / TRANSPORT_ERROR with err) as if it happened. */
+void transport_inject(struct transport *t, int what, int err);
 void transport_free(struct transport *t);
 
 /* read: new input; drained: output fell to the low mark; event: see above. */

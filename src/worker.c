@@ -82,7 +82,7 @@ static void *worker_main(void *arg)
 	return NULL;
 }
 
-int worker_start(struct worker *w, int index)
+int worker_init(struct worker *w, int index)
 {
 	memset(w, 0, sizeof(*w));
 	w->index = index;
@@ -94,6 +94,13 @@ int worker_start(struct worker *w, int index)
 	/* Never added: other threads make it active to hand work over. */
 	w->notify = event_new(w->base, -1, 0, worker_notify_cb, w);
 	if (w->notify == NULL)
+		return -1;
+	return 0;
+}
+
+int worker_start(struct worker *w, int index)
+{
+	if (worker_init(w, index) != 0)
 		return -1;
 	return pthread_create(&w->thread, NULL, worker_main, w) == 0 ? 0 : -1;
 }
@@ -142,9 +149,15 @@ void worker_set_rules(struct worker *w, struct rules *r)
 
 void worker_join(struct worker *w)
 {
+	pthread_join(w->thread, NULL);
+	worker_fini(w);
+}
+
+void worker_fini(struct worker *w)
+{
 	rules_unref(w->rules);
 	rules_unref(w->rules_pending);
-	pthread_join(w->thread, NULL);
+	free(w->byid);
 	if (w->drain_timer)
 		event_free(w->drain_timer);
 	event_free(w->notify);
@@ -153,8 +166,57 @@ void worker_join(struct worker *w)
 	pthread_mutex_destroy(&w->lock);
 }
 
+static struct session **worker_id_slot(struct worker *w, uint64_t id)
+{
+	return &w->byid[(id * 0x9E3779B97F4A7C15ull >> 32) & (w->nbyid - 1)];
+}
+
+/* Keep the id table at most one session per slot on average. */
+static void worker_id_grow(struct worker *w)
+{
+	unsigned long n = w->nbyid ? w->nbyid * 2 : 64, old = w->nbyid, i;
+	struct session **prev = w->byid, *s, *next;
+
+	w->byid = calloc(n, sizeof(*w->byid));
+	if (w->byid == NULL) {
+		w->byid = prev; /* keep the old table: chains get longer */
+		return;
+	}
+	w->nbyid = n;
+	for (i = 0; i < old; i++)
+		for (s = prev[i]; s; s = next) {
+			struct session **slot = worker_id_slot(w, s->id);
+
+			next = s->id_next;
+			s->id_next = *slot;
+			*slot = s;
+		}
+	free(prev);
+}
+
+struct session *worker_session_find(struct worker *w, uint64_t id)
+{
+	struct session *s;
+
+	if (w->nbyid == 0)
+		return NULL;
+	for (s = *worker_id_slot(w, id); s; s = s->id_next)
+		if (s->id == id)
+			return s->state == SESSION_GONE ? NULL : s;
+	return NULL;
+}
+
 void worker_session_add(struct worker *w, struct session *s)
 {
+	struct session **slot;
+
+	if (w->nsessions >= w->nbyid)
+		worker_id_grow(w);
+	if (w->nbyid) {
+		slot = worker_id_slot(w, s->id);
+		s->id_next = *slot;
+		*slot = s;
+	}
 	s->next = w->sessions;
 	s->prev = NULL;
 	if (w->sessions)
@@ -165,6 +227,14 @@ void worker_session_add(struct worker *w, struct session *s)
 
 void worker_session_remove(struct worker *w, struct session *s)
 {
+	struct session **p;
+
+	if (w->nbyid)
+		for (p = worker_id_slot(w, s->id); *p; p = &(*p)->id_next)
+			if (*p == s) {
+				*p = s->id_next;
+				break;
+			}
 	if (s->prev)
 		s->prev->next = s->next;
 	else

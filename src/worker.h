@@ -13,6 +13,7 @@ struct event_base;
 struct event;
 struct session;
 struct rules;
+struct transport;
 
 /* Settings every worker reads; written once before the workers start. */
 struct worker_settings {
@@ -25,6 +26,10 @@ struct worker_settings {
 	long buffer_limit;
 	long max_frame_pre_tune;
 	long max_message_size;
+	/* How the broker leg connects (NULL: transport_connect); a seam for
+	 * the session fuzzer. */
+	struct transport *(*connect)(struct event_base *base, const struct sockaddr *sa,
+				     int salen);
 };
 
 extern struct worker_settings worker_settings;
@@ -48,12 +53,17 @@ struct worker {
 	struct event *drain_timer;
 	struct session *sessions;
 	unsigned long nsessions;
+	struct session **byid; /* sessions by id, chained; nbyid is a power of two */
+	unsigned long nbyid;
 	struct stats stats;
 	amqp_pool_t pool;            /* scratch for decoding one frame at a time */
 	struct rules *rules;         /* the set this worker applies */
 	struct rules *rules_pending; /* under lock: the next set */
 };
 
+/* Set up a worker's loop without starting its thread (tests drive it). */
+int worker_init(struct worker *w, int index);
+void worker_fini(struct worker *w);
 int worker_start(struct worker *w, int index);
 /* From any thread: hand over an accepted socket. */
 int worker_assign(struct worker *w, int fd, const struct sockaddr *sa, int salen);
@@ -65,5 +75,7 @@ void worker_set_rules(struct worker *w, struct rules *r);
 
 void worker_session_add(struct worker *w, struct session *s);
 void worker_session_remove(struct worker *w, struct session *s);
+/* The live session with this id, or NULL when it has gone. */
+struct session *worker_session_find(struct worker *w, uint64_t id);
 
 #endif
