@@ -433,11 +433,17 @@ struct rules *rules_load(const char *dir, FILE *err, int *nerrors)
 	while ((e = readdir(d)) != NULL) {
 		if (!rules_json_name(e->d_name))
 			continue;
-		names = realloc(names, (size_t)(nnames + 1) * sizeof(*names));
-		names[nnames++] = strdup(e->d_name);
+		char **grown = realloc(names, (size_t)(nnames + 1) * sizeof(*names));
+
+		if (grown == NULL)
+			break;
+		names = grown;
+		if ((names[nnames] = strdup(e->d_name)) != NULL)
+			nnames++;
 	}
 	closedir(d);
-	qsort(names, (size_t)nnames, sizeof(*names), rules_cmp);
+	if (nnames) /* an empty directory is an empty set */
+		qsort(names, (size_t)nnames, sizeof(*names), rules_cmp);
 	r->v = calloc((size_t)nnames + 1, sizeof(*r->v));
 	for (i = 0; i < nnames; i++) {
 		struct rules_vhost *v = &r->v[r->n];

@@ -104,3 +104,55 @@ for target, files in seeds.items():
         with open(os.path.join(d, name), "wb") as f:
             f.write(data)
 print("seeds written")
+
+
+# ---- fuzz_session: scripts of events (see tests/fuzz/fuzz_session.c) ----
+(CLIENT_RAW, BROKER_RAW, CONNECT_OK, CONNECT_FAIL, TIMER, CLIENT_CLOSE, CLIENT_SHUT,
+ BROKER_CLOSE, RELOAD, CLIENT_SILENT, BROKER_SILENT, CLIENT_FRAME, BROKER_FRAME,
+ AUTO_BROKER, CLIENT_READING, SHUTDOWN, BROKER_ERROR) = range(17)
+
+
+def cf(k, p=0):
+    return bytes([CLIENT_FRAME, k, p])
+
+
+def bf(k, p=0):
+    return bytes([BROKER_FRAME, k, p])
+
+
+def raw(op, data):
+    return bytes([op, len(data)]) + data
+
+
+HANDSHAKE = cf(0) + bytes([CONNECT_OK]) + cf(1) + cf(2) + cf(3)
+body_on_1 = frame(3, 1, b"abc")
+session_seeds = {
+    "valid-session": HANDSHAKE + cf(4, 0) + cf(5, 0) + cf(6, 3) + cf(6, 0) + cf(6, 6)
+    + cf(7, 0) + cf(7, 3) + bf(5, 12) + bf(5, 12) + bf(5, 12) + cf(8, 4) + cf(8, 9)
+    + cf(11, 0) + bf(6, 0) + cf(12, 0) + cf(13) + bf(13),
+    "plain-vhost": cf(0) + bytes([CONNECT_OK]) + cf(1) + cf(2) + cf(3, 1) + cf(4, 0)
+    + cf(6, 5) + cf(7, 3) + bf(5, 12) + cf(8, 4) + cf(13),
+    "stream-publish": HANDSHAKE + cf(4, 0) + cf(5, 0) + cf(6, 0x90) + cf(6, 0x99) + cf(13),
+    "reload-mid-session": HANDSHAKE + cf(4, 0) + bytes([RELOAD, 1]) + cf(6, 3)
+    + bytes([RELOAD, 0]) + cf(6, 5) + cf(13),
+    "broker-lost": HANDSHAKE + cf(4, 0) + cf(6, 3) + bytes([BROKER_CLOSE]),
+    "broker-silent": cf(0) + bytes([CONNECT_OK]) + cf(1) + cf(2, 2) + cf(3)
+    + bytes([BROKER_SILENT, CLIENT_SILENT]),
+    "backpressure": HANDSHAKE + cf(4, 0) + cf(7, 1) + bytes([CLIENT_READING])
+    + bf(5, 0xfc) * 8 + bytes([CLIENT_READING]) + cf(13),
+    "shutdown": HANDSHAKE + cf(4, 0) + bytes([SHUTDOWN]) + bf(13),
+    "update-secret": HANDSHAKE + cf(17) + cf(4, 0) + cf(13),
+    "regress-garbage-before-connect": cf(0) + raw(CLIENT_RAW, body_on_1)
+    + bytes([CONNECT_OK]),
+    "regress-random-before-connect": cf(0) + raw(CLIENT_RAW, b"\x17garbage-garbage")
+    + bytes([CONNECT_OK]),
+    "regress-close-before-connect": cf(0) + bytes([CLIENT_CLOSE, CONNECT_OK]),
+    "regress-pipelined-handshake": cf(0) + cf(1) + cf(2) + cf(3) + cf(4, 0)
+    + bytes([CONNECT_OK]) + cf(6, 3),
+    "regress-connect-refused": cf(0) + bytes([CONNECT_FAIL]) + cf(1),
+    "regress-timer-while-connecting": cf(0) + bytes([TIMER, CONNECT_OK]),
+}
+os.makedirs(os.path.join(here, "corpus", "session"), exist_ok=True)
+for name, data in session_seeds.items():
+    with open(os.path.join(here, "corpus", "session", name), "wb") as f:
+        f.write(data)

@@ -1,0 +1,663 @@
+/* fuzz_session: a whole session driven in-process by a script of events:
+ * client bytes, broker bytes, the broker connect completing or failing,
+ * either peer closing or resetting, timers and read timeouts firing, rules
+ * reloads. Both legs are socketpairs run by a real worker's event loop with
+ * the real session, channel, pipeline and transport code, the reply_to
+ * pattern and the test hook attached. A scripted broker answers the
+ * handshake so inputs reach OPEN and the pipeline quickly.
+ *
+ * Invariants checked beyond ASan/UBSan: once both peers have gone and the
+ * timers have fired, the session is gone (no hang, no leak of a session),
+ * and the worker is left with no sessions. */
+#include "amqp/content.h"
+#include "amqp/frame_scan.h"
+#include "amqp/method.h"
+#include "src/hooks.h"
+#include "src/log.h"
+#include "src/rules.h"
+#include "src/session.h"
+#include "src/transport.h"
+#include "src/worker.h"
+
+#include <errno.h>
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+/* The script's operations; an input is a sequence of them. */
+enum fuzz_op {
+	OP_CLIENT_RAW,     /* n, bytes: raw bytes from the client */
+	OP_BROKER_RAW,     /* n, bytes: raw bytes from the broker */
+	OP_CONNECT_OK,     /* the broker leg's connect completes */
+	OP_CONNECT_FAIL,   /* it fails (connection refused) */
+	OP_TIMER,          /* the session's timer fires */
+	OP_CLIENT_CLOSE,   /* the client closes its socket */
+	OP_CLIENT_SHUT,    /* the client half-closes (shutdown write) */
+	OP_BROKER_CLOSE,   /* the broker closes its socket */
+	OP_RELOAD,         /* p: a rules reload (reply_to on "/" or no rules) */
+	OP_CLIENT_SILENT,  /* the client leg's read timeout fires */
+	OP_BROKER_SILENT,  /* the broker leg's read timeout fires */
+	OP_CLIENT_FRAME,   /* k, p: a well-formed client frame */
+	OP_BROKER_FRAME,   /* k, p: a well-formed broker frame */
+	OP_AUTO_BROKER,    /* the scripted broker answers (toggle) */
+	OP_CLIENT_READING, /* the client stops or resumes reading (toggle) */
+	OP_SHUTDOWN,       /* the worker closes the session (drain deadline) */
+	OP_BROKER_ERROR,   /* the broker leg's socket fails (ECONNRESET) */
+	OP_COUNT
+};
+
+struct fuzz {
+	int ready;
+	struct worker w;
+	struct rules *rules[2];
+	int client_fd, broker_fd; /* the peers' ends */
+	int connect_refuse;       /* the next connect fails at once */
+	int auto_broker, client_reading;
+	uint64_t sid;
+	struct evbuffer *from_proxy; /* what the broker end has read */
+	uint64_t confirm_seq[8];     /* per channel (mod 8): publishes seen */
+	uint8_t confirm_on[8];
+	uint64_t deliver_tag[8];
+};
+
+static struct fuzz fz;
+
+static void fuzz_nonblock(int fd)
+{
+	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+}
+
+static struct transport *fuzz_connect(struct event_base *base, const struct sockaddr *sa,
+				      int salen)
+{
+	int sv[2];
+	struct transport *t;
+
+	if (fz.connect_refuse) {
+		errno = ECONNREFUSED;
+		return NULL;
+	}
+	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0)
+		return NULL;
+	t = transport_pending(base, sv[0]);
+	if (t == NULL) {
+		close(sv[0]);
+		close(sv[1]);
+		return NULL;
+	}
+	if (fz.broker_fd >= 0)
+		close(fz.broker_fd);
+	fz.broker_fd = sv[1];
+	fuzz_nonblock(sv[1]);
+	return t;
+}
+
+static char *fuzz_rules_dir(const char *json)
+{
+	char tmpl[] = "/tmp/fuzz-session-rules-XXXXXX", path[4200];
+	char *dir = mkdtemp(tmpl);
+	FILE *f;
+
+	if (dir == NULL)
+		abort();
+	dir = strdup(dir);
+	if (json) {
+		snprintf(path, sizeof(path), "%s/r.json", dir);
+		f = fopen(path, "w");
+		if (f == NULL)
+			abort();
+		fputs(json, f);
+		fclose(f);
+	}
+	return dir;
+}
+
+static struct rules *fuzz_rules(const char *json)
+{
+	char *dir = fuzz_rules_dir(json), path[4200];
+	int nerr = 0;
+	struct rules *r = rules_load(dir, stderr, &nerr);
+
+	if (r == NULL)
+		abort();
+	snprintf(path, sizeof(path), "%s/r.json", dir);
+	unlink(path);
+	rmdir(dir);
+	free(dir);
+	return r;
+}
+
+static void fuzz_init(void)
+{
+	struct sockaddr_in *in = (struct sockaddr_in *)&worker_settings.upstream;
+
+	signal(SIGPIPE, SIG_IGN);
+	log_threshold = getenv("FUZZ_SESSION_LOG") ? LOG_DEBUG : LOG_ERROR;
+	setenv("ACEMQ_PROXY_TEST_HOOK", "1", 1);
+	hooks_register();
+	in->sin_family = AF_INET;
+	in->sin_port = htons(5672);
+	in->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	worker_settings.upstream_len = sizeof(*in);
+	snprintf(worker_settings.upstream_name, sizeof(worker_settings.upstream_name),
+		 "fuzz-broker");
+	worker_settings.connect_timeout_ms = 60000;
+	worker_settings.handshake_timeout_ms = 60000;
+	worker_settings.drain_timeout_ms = 1000;
+	worker_settings.buffer_limit = 65536;
+	worker_settings.max_frame_pre_tune = 131072;
+	worker_settings.max_message_size = 1 << 20;
+	worker_settings.connect = fuzz_connect;
+	if (worker_init(&fz.w, 0) != 0)
+		abort();
+	fz.rules[0] = fuzz_rules("{\"vhost\": \"/\", \"reply_to\": {\"enabled\": true}}");
+	fz.rules[1] = fuzz_rules(NULL);
+	fz.from_proxy = evbuffer_new();
+	fz.ready = 1;
+}
+
+static struct session *fuzz_session(void)
+{
+	return worker_session_find(&fz.w, fz.sid);
+}
+
+static void fuzz_write(int fd, struct evbuffer *b)
+{
+	size_t n = evbuffer_get_length(b);
+	const uint8_t *p = evbuffer_pullup(b, -1);
+
+	if (fd >= 0 && n)
+		(void)!write(fd, p, n); /* a full socket drops the rest */
+	evbuffer_drain(b, n);
+}
+
+static void fuzz_write_bytes(int fd, const uint8_t *p, size_t n)
+{
+	if (fd >= 0 && n)
+		(void)!write(fd, p, n);
+}
+
+/* ---- canned frames ---------------------------------------------------- */
+
+static amqp_bytes_t fuzz_str(const char *s)
+{
+	return amqp_cstring_bytes(s);
+}
+
+static void fuzz_body(struct evbuffer *b, uint16_t ch, uint8_t p, const char *rk)
+{
+	amqp_basic_properties_t props = {0};
+	amqp_table_entry_t e;
+	size_t len = (size_t)p * 97, i;
+	struct evbuffer *body = evbuffer_new();
+
+	props._flags = AMQP_BASIC_CONTENT_TYPE_FLAG;
+	props.content_type = fuzz_str("text/plain");
+	if (p & 1) {
+		props._flags |= AMQP_BASIC_REPLY_TO_FLAG;
+		props.reply_to = fuzz_str(p & 2 ? "amq.rabbitmq.reply-to" : "replies");
+	}
+	if (p & 4) {
+		e.key = fuzz_str("acemq-reply-to");
+		e.value.kind = AMQP_FIELD_KIND_UTF8;
+		e.value.value.bytes = fuzz_str("other");
+		props._flags |= AMQP_BASIC_HEADERS_FLAG;
+		props.headers.num_entries = 1;
+		props.headers.entries = &e;
+	}
+	for (i = 0; i < len; i++)
+		evbuffer_add(body, "x", 1);
+	content_header_write(b, ch, 60, len, &props);
+	content_body_write(b, ch, body, p & 8 ? 4096 : 131072);
+	evbuffer_free(body);
+	(void)rk;
+}
+
+static void fuzz_client_frame(uint8_t k, uint8_t p)
+{
+	struct evbuffer *b = evbuffer_new();
+	uint16_t ch = (uint16_t)(1 + p % 3);
+	static const uint8_t header[8] = {'A', 'M', 'Q', 'P', 0, 0, 9, 1};
+	static const uint8_t heartbeat[8] = {8, 0, 0, 0, 0, 0, 0, 0xCE};
+
+	switch (k % 20) {
+	case 0:
+		evbuffer_add(b, header, 8);
+		break;
+	case 1: {
+		amqp_connection_start_ok_t m = {.mechanism = fuzz_str("PLAIN"),
+						.response = {12, "\0guest\0guest"},
+						.locale = fuzz_str("en_US")};
+		method_write(b, 0, AMQP_CONNECTION_START_OK_METHOD, &m);
+		break;
+	}
+	case 2: {
+		amqp_connection_tune_ok_t m = {2047, p & 1 ? 4096 : 131072, (uint16_t)(p & 2)};
+		method_write(b, 0, AMQP_CONNECTION_TUNE_OK_METHOD, &m);
+		break;
+	}
+	case 3: {
+		amqp_connection_open_t m = {.virtual_host = fuzz_str(p & 1 ? "plain" : "/"),
+					    .capabilities = fuzz_str("")};
+		method_write(b, 0, AMQP_CONNECTION_OPEN_METHOD, &m);
+		break;
+	}
+	case 4: {
+		amqp_channel_open_t m = {.out_of_band = fuzz_str("")};
+		method_write(b, ch, AMQP_CHANNEL_OPEN_METHOD, &m);
+		break;
+	}
+	case 5: {
+		amqp_confirm_select_t m = {0};
+		method_write(b, ch, AMQP_CONFIRM_SELECT_METHOD, &m);
+		break;
+	}
+	case 6: {
+		const char *rk = p & 16 ? "stream.x" : "rk";
+		amqp_basic_publish_t m = {.exchange = fuzz_str(""), .routing_key = fuzz_str(rk),
+					  .mandatory = (p & 32) != 0};
+		method_write(b, ch, AMQP_BASIC_PUBLISH_METHOD, &m);
+		if (!(p & 64))
+			fuzz_body(b, ch, p, rk);
+		break;
+	}
+	case 7: {
+		amqp_basic_consume_t m = {.queue = fuzz_str("q"),
+					  .consumer_tag = fuzz_str(p & 1 ? "ctag" : ""),
+					  .no_ack = (p & 2) != 0};
+		method_write(b, ch, AMQP_BASIC_CONSUME_METHOD, &m);
+		break;
+	}
+	case 8:
+		method_write_basic_ack(b, ch, p >> 2, p & 1);
+		break;
+	case 9: {
+		amqp_basic_nack_t m = {p >> 2, p & 1, (p & 2) != 0};
+		method_write(b, ch, AMQP_BASIC_NACK_METHOD, &m);
+		break;
+	}
+	case 10: {
+		amqp_basic_reject_t m = {p >> 2, p & 1};
+		method_write(b, ch, AMQP_BASIC_REJECT_METHOD, &m);
+		break;
+	}
+	case 11: {
+		amqp_basic_get_t m = {.queue = fuzz_str("q"), .no_ack = p & 1};
+		method_write(b, ch, AMQP_BASIC_GET_METHOD, &m);
+		break;
+	}
+	case 12:
+		method_write_channel_close(b, ch, 200, "bye", 0, 0);
+		break;
+	case 13:
+		method_write_connection_close(b, 200, "bye", 0, 0);
+		break;
+	case 14:
+		method_write(b, 0, AMQP_CONNECTION_CLOSE_OK_METHOD, &(amqp_connection_close_ok_t){0});
+		break;
+	case 15:
+		evbuffer_add(b, heartbeat, 8);
+		break;
+	case 16:
+		method_write(b, ch, AMQP_CHANNEL_CLOSE_OK_METHOD, &(amqp_channel_close_ok_t){0});
+		break;
+	case 17: {
+		/* connection.update-secret (10/70): newer than the codec. */
+		static const uint8_t f[] = {1, 0, 0, 0, 0, 0, 11, 0, 10, 0, 70,
+					    0, 0, 0, 1, 's', 1, 'r', 0xCE};
+		evbuffer_add(b, f, sizeof(f));
+		break;
+	}
+	case 18:
+		/* A body with no method before it. */
+		fuzz_body(b, ch, p | 8, "rk");
+		break;
+	default: {
+		amqp_basic_recover_t m = {p & 1};
+		method_write(b, ch, AMQP_BASIC_RECOVER_METHOD, &m);
+		break;
+	}
+	}
+	fuzz_write(fz.client_fd, b);
+	evbuffer_free(b);
+}
+
+static void fuzz_broker_frame(struct evbuffer *b, uint8_t k, uint8_t p)
+{
+	uint16_t ch = (uint16_t)(1 + p % 3);
+	static const uint8_t heartbeat[8] = {8, 0, 0, 0, 0, 0, 0, 0xCE};
+
+	switch (k % 16) {
+	case 0: {
+		amqp_connection_start_t m = {.version_major = 0,
+					     .version_minor = 9,
+					     .mechanisms = fuzz_str("PLAIN AMQPLAIN"),
+					     .locales = fuzz_str("en_US")};
+		method_write(b, 0, AMQP_CONNECTION_START_METHOD, &m);
+		break;
+	}
+	case 1: {
+		amqp_connection_tune_t m = {2047, p & 1 ? 4096 : 131072, (uint16_t)(p & 2)};
+		method_write(b, 0, AMQP_CONNECTION_TUNE_METHOD, &m);
+		break;
+	}
+	case 2: {
+		amqp_connection_open_ok_t m = {.known_hosts = fuzz_str("")};
+		method_write(b, 0, AMQP_CONNECTION_OPEN_OK_METHOD, &m);
+		break;
+	}
+	case 3: {
+		amqp_channel_open_ok_t m = {.channel_id = fuzz_str("")};
+		method_write(b, ch, AMQP_CHANNEL_OPEN_OK_METHOD, &m);
+		break;
+	}
+	case 4:
+		method_write(b, ch, AMQP_CONFIRM_SELECT_OK_METHOD, &(amqp_confirm_select_ok_t){0});
+		break;
+	case 5: {
+		amqp_basic_deliver_t m = {.consumer_tag = fuzz_str(p & 4 ? "ctag" : "other"),
+					  .delivery_tag = ++fz.deliver_tag[ch % 8],
+					  .exchange = fuzz_str(""),
+					  .routing_key = fuzz_str("q")};
+		method_write(b, ch, AMQP_BASIC_DELIVER_METHOD, &m);
+		fuzz_body(b, ch, p, "q");
+		break;
+	}
+	case 6: {
+		amqp_basic_get_ok_t m = {.delivery_tag = ++fz.deliver_tag[ch % 8],
+					 .exchange = fuzz_str(""),
+					 .routing_key = fuzz_str("q")};
+		method_write(b, ch, AMQP_BASIC_GET_OK_METHOD, &m);
+		fuzz_body(b, ch, p, "q");
+		break;
+	}
+	case 7:
+		method_write_basic_ack(b, ch, p >> 2, p & 1);
+		break;
+	case 8: {
+		amqp_basic_nack_t m = {p >> 2, p & 1, 0};
+		method_write(b, ch, AMQP_BASIC_NACK_METHOD, &m);
+		break;
+	}
+	case 9: {
+		amqp_basic_return_t m = {.reply_code = 312,
+					 .reply_text = fuzz_str("NO_ROUTE"),
+					 .exchange = fuzz_str(""),
+					 .routing_key = fuzz_str("rk")};
+		method_write(b, ch, AMQP_BASIC_RETURN_METHOD, &m);
+		fuzz_body(b, ch, p, "rk");
+		break;
+	}
+	case 10: {
+		amqp_basic_consume_ok_t m = {.consumer_tag = fuzz_str("ctag")};
+		method_write(b, ch, AMQP_BASIC_CONSUME_OK_METHOD, &m);
+		break;
+	}
+	case 11:
+		method_write_channel_close(b, ch, 406, "PRECONDITION_FAILED - fuzz", 60, 40);
+		break;
+	case 12:
+		method_write_connection_close(b, 320, "CONNECTION_FORCED - fuzz", 0, 0);
+		break;
+	case 13:
+		method_write(b, 0, AMQP_CONNECTION_CLOSE_OK_METHOD, &(amqp_connection_close_ok_t){0});
+		break;
+	case 14:
+		method_write(b, ch, AMQP_CHANNEL_CLOSE_OK_METHOD, &(amqp_channel_close_ok_t){0});
+		break;
+	default:
+		evbuffer_add(b, heartbeat, 8);
+		break;
+	}
+}
+
+/* The scripted broker: answer what the proxy sent as RabbitMQ would. */
+static void fuzz_broker_answer(void)
+{
+	struct evbuffer *out = evbuffer_new();
+	amqp_pool_t pool;
+	struct frame_info fi;
+	uint8_t hdr[8];
+
+	init_amqp_pool(&pool, 4096);
+	for (;;) {
+		size_t have = evbuffer_get_length(fz.from_proxy);
+
+		if (have >= 8) {
+			evbuffer_copyout(fz.from_proxy, hdr, 8);
+			if (memcmp(hdr, "AMQP", 4) == 0) {
+				evbuffer_drain(fz.from_proxy, 8);
+				fuzz_broker_frame(out, 0, 0);
+				continue;
+			}
+		}
+		if (frame_scan_evbuffer(fz.from_proxy, 0, 1u << 20, &fi) != FRAME_SCAN_OK) {
+			if (have > (1u << 20))
+				evbuffer_drain(fz.from_proxy, have); /* lost sync */
+			break;
+		}
+		if (fi.type == FRAME_METHOD) {
+			amqp_method_number_t id = METHOD_ID(fi.class_id, fi.method_id);
+			uint16_t ch = fi.channel;
+			uint8_t k = 0xff, p = (uint8_t)((ch + 2) % 3);
+
+			switch (id) {
+			case AMQP_CONNECTION_START_OK_METHOD:
+				k = 1;
+				break;
+			case AMQP_CONNECTION_OPEN_METHOD:
+				k = 2;
+				break;
+			case AMQP_CHANNEL_OPEN_METHOD:
+				k = 3;
+				break;
+			case AMQP_CONFIRM_SELECT_METHOD:
+				fz.confirm_on[ch % 8] = 1;
+				k = 4;
+				break;
+			case AMQP_BASIC_CONSUME_METHOD:
+				k = 10;
+				break;
+			case AMQP_CONNECTION_CLOSE_METHOD:
+				k = 13;
+				break;
+			case AMQP_CHANNEL_CLOSE_METHOD:
+				fz.confirm_on[ch % 8] = 0;
+				fz.confirm_seq[ch % 8] = 0;
+				k = 14;
+				break;
+			case AMQP_BASIC_PUBLISH_METHOD:
+				if (fz.confirm_on[ch % 8])
+					method_write_basic_ack(out, ch, ++fz.confirm_seq[ch % 8],
+							       0);
+				break;
+			default:
+				break;
+			}
+			if (k != 0xff)
+				fuzz_broker_frame(out, k, p);
+		}
+		evbuffer_drain(fz.from_proxy, frame_scan_wire_len(&fi));
+	}
+	empty_amqp_pool(&pool);
+	fuzz_write(fz.broker_fd, out);
+	evbuffer_free(out);
+}
+
+/* Read what the proxy wrote to each peer. */
+static void fuzz_peers_read(void)
+{
+	uint8_t buf[65536];
+	ssize_t n;
+
+	while (fz.client_reading && fz.client_fd >= 0 &&
+	       (n = read(fz.client_fd, buf, sizeof(buf))) > 0)
+		;
+	while (fz.broker_fd >= 0 && (n = read(fz.broker_fd, buf, sizeof(buf))) > 0)
+		if (fz.auto_broker)
+			evbuffer_add(fz.from_proxy, buf, (size_t)n);
+	if (fz.auto_broker)
+		fuzz_broker_answer();
+	else
+		evbuffer_drain(fz.from_proxy, evbuffer_get_length(fz.from_proxy));
+}
+
+static void fuzz_run(void)
+{
+	int i;
+
+	for (i = 0; i < 6; i++) {
+		event_base_loop(fz.w.base, EVLOOP_NONBLOCK);
+		fuzz_peers_read();
+	}
+}
+
+static void fuzz_close(int *fd)
+{
+	if (*fd >= 0)
+		close(*fd);
+	*fd = -1;
+}
+
+static void fuzz_op(const uint8_t *d, size_t len, size_t *at)
+{
+	uint8_t op = d[(*at)++] % OP_COUNT, a = 0, b = 0;
+	struct session *s = fuzz_session();
+	size_t n;
+
+	if (*at < len)
+		a = d[*at];
+	if (*at + 1 < len)
+		b = d[*at + 1];
+	switch (op) {
+	case OP_CLIENT_RAW:
+	case OP_BROKER_RAW:
+		(*at)++;
+		n = a < len - *at ? a : len - *at;
+		fuzz_write_bytes(op == OP_CLIENT_RAW ? fz.client_fd : fz.broker_fd, d + *at, n);
+		*at += n;
+		break;
+	case OP_CONNECT_OK:
+	case OP_CONNECT_FAIL:
+		if (s && s->upstream.tr && transport_connecting(s->upstream.tr))
+			transport_connect_done(s->upstream.tr,
+					       op == OP_CONNECT_OK ? 0 : ECONNREFUSED);
+		fz.connect_refuse = op == OP_CONNECT_FAIL && !s;
+		break;
+	case OP_TIMER:
+		if (s)
+			event_active(s->timer, EV_TIMEOUT, 1);
+		break;
+	case OP_CLIENT_CLOSE:
+		fuzz_close(&fz.client_fd);
+		break;
+	case OP_CLIENT_SHUT:
+		if (fz.client_fd >= 0)
+			shutdown(fz.client_fd, SHUT_WR);
+		break;
+	case OP_BROKER_CLOSE:
+		fuzz_close(&fz.broker_fd);
+		break;
+	case OP_RELOAD:
+		(*at)++;
+		worker_set_rules(&fz.w, fz.rules[a & 1]);
+		break;
+	case OP_CLIENT_SILENT:
+		if (s && s->client.tr)
+			transport_inject(s->client.tr, TRANSPORT_TIMEOUT, 0);
+		break;
+	case OP_BROKER_SILENT:
+		if (s && s->upstream.tr)
+			transport_inject(s->upstream.tr, TRANSPORT_TIMEOUT, 0);
+		break;
+	case OP_BROKER_ERROR:
+		if (s && s->upstream.tr)
+			transport_inject(s->upstream.tr, TRANSPORT_ERROR, ECONNRESET);
+		break;
+	case OP_CLIENT_FRAME:
+		*at += 2;
+		fuzz_client_frame(a, b);
+		break;
+	case OP_BROKER_FRAME: {
+		struct evbuffer *out = evbuffer_new();
+
+		*at += 2;
+		fuzz_broker_frame(out, a, b);
+		fuzz_write(fz.broker_fd, out);
+		evbuffer_free(out);
+		break;
+	}
+	case OP_AUTO_BROKER:
+		fz.auto_broker = !fz.auto_broker;
+		break;
+	case OP_CLIENT_READING:
+		fz.client_reading = !fz.client_reading;
+		break;
+	case OP_SHUTDOWN:
+		if (s)
+			session_close(s, 320, "CONNECTION_FORCED - proxy shutting down");
+		break;
+	}
+	fuzz_run();
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	struct sockaddr_in peer = {.sin_family = AF_INET, .sin_port = htons(40000)};
+	int sv[2], i;
+	size_t at = 0;
+
+	if (!fz.ready)
+		fuzz_init();
+	fz.broker_fd = -1;
+	fz.connect_refuse = 0;
+	fz.auto_broker = 1;
+	fz.client_reading = 1;
+	memset(fz.confirm_seq, 0, sizeof(fz.confirm_seq));
+	memset(fz.confirm_on, 0, sizeof(fz.confirm_on));
+	memset(fz.deliver_tag, 0, sizeof(fz.deliver_tag));
+	evbuffer_drain(fz.from_proxy, evbuffer_get_length(fz.from_proxy));
+	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0)
+		return 0;
+	fz.client_fd = sv[1];
+	fuzz_nonblock(sv[1]);
+	peer.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	if (session_new(&fz.w, sv[0], (struct sockaddr *)&peer, sizeof(peer)) == NULL) {
+		close(sv[1]);
+		return 0;
+	}
+	fz.sid = fz.w.sessions->id;
+	fuzz_run();
+	while (at < size)
+		fuzz_op(data, size, &at);
+
+	/* Both peers go away; whatever state the session is in, it must end
+	 * once its timers have run. */
+	fuzz_close(&fz.client_fd);
+	fuzz_close(&fz.broker_fd);
+	fuzz_run();
+	for (i = 0; i < 3 && fuzz_session(); i++) {
+		struct session *s = fuzz_session();
+
+		if (s->upstream.tr && transport_connecting(s->upstream.tr))
+			transport_connect_done(s->upstream.tr, ECONNREFUSED);
+		else
+			event_active(s->timer, EV_TIMEOUT, 1);
+		fuzz_run();
+	}
+	if (fuzz_session() != NULL || fz.w.nsessions != 0) {
+		fprintf(stderr, "fuzz_session: the session outlived both peers (state %d)\n",
+			fuzz_session() ? (int)fuzz_session()->state : -1);
+		abort();
+	}
+	return 0;
+}
