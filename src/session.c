@@ -309,8 +309,6 @@ static void session_protocol_error(struct session *s, uint16_t code, const char 
 			 : code == REPLY_NOT_ALLOWED      ? "NOT_ALLOWED"
 							  : "INTERNAL_ERROR",
 			 why);
-	/* Before start-ok the broker closes the socket without a word; after
-	 * it, it says connection.close. */
 	if (s->client.tr && s->closable)
 		method_write_connection_close(transport_output(s->client.tr), code, text,
 					      class_id, method_id);
@@ -462,6 +460,9 @@ static void session_tuned(struct session *s, const amqp_connection_tune_ok_t *t)
 		transport_set_read_high(s->upstream.tr, room);
 	/* A peer is dead after two missed heartbeat intervals. */
 	transport_set_read_timeout(s->client.tr, 2000L * s->heartbeat);
+	/* Until tune-ok the broker meets a protocol error by closing the
+	 * socket without a word; from here on it says connection.close. */
+	s->closable = 1;
 	if (s->upstream.tr)
 		transport_set_read_timeout(s->upstream.tr, 2000L * s->heartbeat);
 	session_set_state(s, SESSION_OPEN);
@@ -732,7 +733,6 @@ static int session_method(struct session *s, struct leg *from, const struct fram
 		break;
 	case AMQP_CONNECTION_START_OK_METHOD:
 		session_start_ok(s, m);
-		s->closable = 1;
 		break;
 	case AMQP_CONNECTION_TUNE_METHOD:
 		s->broker_frame_max = ((amqp_connection_tune_t *)m)->frame_max;
