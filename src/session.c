@@ -47,6 +47,7 @@ enum session_event {
 	SEV_END,       /* a leg's peer closed (err 0) or its socket failed */
 	SEV_SILENT,    /* a leg heard nothing for two heartbeat intervals */
 	SEV_TIMER,     /* the session's timer: connect, handshake or close wait */
+	SEV_RULES,     /* the worker swapped in a new rules set */
 };
 
 static void session_read_cb(struct transport *tr, void *arg);
@@ -1274,6 +1275,7 @@ static int session_accepts(const struct session *s, const struct leg *l, enum se
 	case SEV_CONNECTED:
 		return s->state == SESSION_CONNECTING && l == &s->upstream;
 	case SEV_SILENT:
+	case SEV_RULES:
 		return s->state < SESSION_CLOSING;
 	case SEV_READ:
 	case SEV_DRAINED:
@@ -1307,6 +1309,9 @@ static void session_event(struct session *s, struct leg *l, enum session_event e
 		case SEV_TIMER:
 			session_timer(s);
 			break;
+		case SEV_RULES:
+			pipeline_refresh(s);
+			break;
 		}
 		/* connection.start just passed: the client's frames that
 		 * waited for it go now. */
@@ -1317,6 +1322,11 @@ static void session_event(struct session *s, struct leg *l, enum session_event e
 		}
 	}
 	session_leave(s);
+}
+
+void session_rules_changed(struct session *s)
+{
+	session_event(s, NULL, SEV_RULES, 0);
 }
 
 static void session_read_cb(struct transport *tr, void *arg)

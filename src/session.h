@@ -69,6 +69,8 @@ struct session {
 struct session *session_new(struct worker *w, int fd, const struct sockaddr *sa, int salen);
 /* Close both legs with connection.close code (the proxy's own close). */
 void session_close(struct session *s, uint16_t code, const char *text);
+/* The worker swapped in a new rules set. */
+void session_rules_changed(struct session *s);
 /* A completion or timer that ran off the session's stack looks its session
  * up by id with worker_session_find and does nothing when it is gone. */
 

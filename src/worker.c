@@ -2,7 +2,6 @@
 #include "worker.h"
 
 #include "log.h"
-#include "pipeline.h"
 #include "rules.h"
 #include "session.h"
 
@@ -57,7 +56,7 @@ static void worker_notify_cb(evutil_socket_t fd, short what, void *arg)
 		rules_unref(w->rules);
 		w->rules = rules;
 		for (s = w->sessions; s; s = s->next)
-			pipeline_refresh(s);
+			session_rules_changed(s);
 	}
 	for (i = 0; i < n; i++)
 		session_new(w, q[i].fd, (struct sockaddr *)&q[i].sa, q[i].salen);
