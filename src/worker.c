@@ -33,6 +33,32 @@ static void worker_drain_deadline(evutil_socket_t fd, short what, void *arg)
 	worker_check_drained(w);
 }
 
+void worker_post(struct worker *w, struct worker_call *c)
+{
+	c->next = NULL;
+	pthread_mutex_lock(&w->lock);
+	if (w->calls == NULL)
+		w->calls_tail = &w->calls;
+	*w->calls_tail = c;
+	w->calls_tail = &c->next;
+	pthread_mutex_unlock(&w->lock);
+	event_active(w->notify, EV_READ, 0);
+}
+
+void worker_run_posted(struct worker *w)
+{
+	struct worker_call *c, *next;
+
+	pthread_mutex_lock(&w->lock);
+	c = w->calls;
+	w->calls = NULL;
+	pthread_mutex_unlock(&w->lock);
+	for (; c; c = next) {
+		next = c->next;
+		c->fn(c); /* may free c */
+	}
+}
+
 static void worker_notify_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct worker *w = arg;
@@ -61,6 +87,7 @@ static void worker_notify_cb(evutil_socket_t fd, short what, void *arg)
 	for (i = 0; i < n; i++)
 		session_new(w, q[i].fd, (struct sockaddr *)&q[i].sa, q[i].salen);
 	free(q);
+	worker_run_posted(w);
 
 	if (drain && !w->draining) {
 		struct timeval tv = {worker_settings.drain_timeout_ms / 1000,

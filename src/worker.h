@@ -34,6 +34,14 @@ struct worker_settings {
 
 extern struct worker_settings worker_settings;
 
+/* Work another thread hands back to a worker's loop (a store write that is
+ * durable, a read that finished). The caller embeds it in its own request
+ * and gets it back in fn, on the worker's thread; posting never fails. */
+struct worker_call {
+	void (*fn)(struct worker_call *c);
+	struct worker_call *next;
+};
+
 struct worker_accept {
 	int fd;
 	struct sockaddr_storage sa;
@@ -59,6 +67,7 @@ struct worker {
 	amqp_pool_t pool;            /* scratch for decoding one frame at a time */
 	struct rules *rules;         /* the set this worker applies */
 	struct rules *rules_pending; /* under lock: the next set */
+	struct worker_call *calls, **calls_tail; /* under lock: posted work */
 };
 
 /* Set up a worker's loop without starting its thread (tests drive it). */
@@ -70,6 +79,10 @@ int worker_assign(struct worker *w, int fd, const struct sockaddr *sa, int salen
 /* From any thread: stop taking work, drain, then exit the loop. */
 void worker_drain(struct worker *w);
 void worker_join(struct worker *w);
+/* From any thread: run c->fn on the worker's loop, in posting order. */
+void worker_post(struct worker *w, struct worker_call *c);
+/* On the worker: run what was posted (also done by the loop itself). */
+void worker_run_posted(struct worker *w);
 /* From any thread: apply a new rules set (takes a reference). */
 void worker_set_rules(struct worker *w, struct rules *r);
 
