@@ -9,7 +9,7 @@
 #include <stdint.h>
 
 struct job {
-	struct worker_call call; /* done: posted to w once run has returned */
+	struct worker_call call;    /* done: posted to w once run has returned */
 	void (*run)(struct job *j); /* on a jobs thread */
 	struct worker *w;
 	uint64_t lane;

@@ -64,9 +64,9 @@ struct worker {
 	struct session **byid; /* sessions by id, chained; nbyid is a power of two */
 	unsigned long nbyid;
 	struct stats stats;
-	amqp_pool_t pool;            /* scratch for decoding one frame at a time */
-	struct rules *rules;         /* the set this worker applies */
-	struct rules *rules_pending; /* under lock: the next set */
+	amqp_pool_t pool;                        /* scratch for decoding one frame at a time */
+	struct rules *rules;                     /* the set this worker applies */
+	struct rules *rules_pending;             /* under lock: the next set */
 	struct worker_call *calls, **calls_tail; /* under lock: posted work */
 };
 

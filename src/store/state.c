@@ -1,0 +1,359 @@
+/* state: one LMDB environment, its named databases, and the writer thread
+ * that group-commits. */
+#include "state.h"
+
+#include "../log.h"
+
+#include <errno.h>
+#include <lmdb.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define STATE_MAX_DBS 4096
+
+struct state_dbi {
+	char *name;
+	MDB_dbi dbi;
+};
+
+struct state {
+	MDB_env *env;
+	pthread_t writer;
+	pthread_mutex_t lock; /* the queue, stop, counters */
+	pthread_cond_t cond;
+	struct state_write *head, **tail;
+	int stop;
+	pthread_mutex_t dbi_lock; /* opening databases; the table */
+	struct state_dbi *dbis;
+	int ndbis;
+	struct state_counters counters;
+	int failing; /* an episode of write errors is being logged */
+};
+
+const char *state_strerror(int rc)
+{
+	switch (rc) {
+	case STATE_OK:
+		return "ok";
+	case STATE_NOTFOUND:
+		return "not found";
+	case STATE_FULL:
+		return "the state map or the disk is full";
+	case STATE_TOOBIG:
+		return "key or value too large";
+	case STATE_CLOSED:
+		return "the state layer is closed";
+	default:
+		return "I/O error";
+	}
+}
+
+static int state_rc_of(int mdb)
+{
+	switch (mdb) {
+	case 0:
+		return STATE_OK;
+	case MDB_NOTFOUND:
+		return STATE_NOTFOUND;
+	case MDB_MAP_FULL:
+	case ENOSPC:
+	case EDQUOT:
+		return STATE_FULL;
+	case MDB_BAD_VALSIZE:
+		return STATE_TOOBIG;
+	default:
+		return STATE_IO;
+	}
+}
+
+/* The handle of a named database; create it when create is set. Handles
+ * are opened under dbi_lock in a transaction of their own, as LMDB asks,
+ * and kept for the life of the environment. */
+static int state_dbi(struct state *st, const char *name, int create, MDB_dbi *out)
+{
+	MDB_txn *txn;
+	MDB_dbi dbi;
+	int i, rc;
+
+	pthread_mutex_lock(&st->dbi_lock);
+	for (i = 0; i < st->ndbis; i++)
+		if (strcmp(st->dbis[i].name, name) == 0) {
+			*out = st->dbis[i].dbi;
+			pthread_mutex_unlock(&st->dbi_lock);
+			return STATE_OK;
+		}
+	rc = mdb_txn_begin(st->env, NULL, create ? 0 : MDB_RDONLY, &txn);
+	if (rc == 0) {
+		rc = mdb_dbi_open(txn, name, create ? MDB_CREATE : 0, &dbi);
+		if (rc == 0)
+			rc = mdb_txn_commit(txn);
+		else
+			mdb_txn_abort(txn);
+	}
+	if (rc == 0) {
+		struct state_dbi *n = realloc(st->dbis, (size_t)(st->ndbis + 1) * sizeof(*n));
+		char *copy = strdup(name);
+
+		if (n == NULL || copy == NULL) {
+			free(copy);
+			if (n)
+				st->dbis = n;
+			rc = ENOMEM;
+		} else {
+			st->dbis = n;
+			st->dbis[st->ndbis].name = copy;
+			st->dbis[st->ndbis++].dbi = dbi;
+			*out = dbi;
+		}
+	}
+	pthread_mutex_unlock(&st->dbi_lock);
+	return state_rc_of(rc);
+}
+
+static int state_apply(struct state *st, MDB_txn *txn, struct state_write *w)
+{
+	int i, rc = 0;
+
+	for (i = 0; i < w->nops && rc == 0; i++) {
+		struct state_op *op = &w->ops[i];
+		MDB_val k = {op->klen, (void *)op->key}, v = {op->vlen, (void *)op->val};
+		MDB_dbi dbi;
+
+		/* Opened before the transaction (state_writer): a lookup. */
+		rc = state_dbi(st, op->db, 0, &dbi);
+		if (rc != STATE_OK)
+			return rc == STATE_NOTFOUND ? STATE_IO : rc;
+		if (op->val) {
+			rc = mdb_put(txn, dbi, &k, &v, 0);
+		} else {
+			rc = mdb_del(txn, dbi, &k, NULL);
+			if (rc == MDB_NOTFOUND)
+				rc = 0;
+		}
+	}
+	return state_rc_of(rc);
+}
+
+/* One transaction for a list of writes; rc of the whole. */
+static int state_commit(struct state *st, struct state_write *list, int one)
+{
+	MDB_txn *txn;
+	struct state_write *w;
+	int rc = mdb_txn_begin(st->env, NULL, 0, &txn);
+
+	if (rc != 0)
+		return state_rc_of(rc);
+	for (w = list; w; w = one ? NULL : w->next) {
+		rc = state_apply(st, txn, w);
+		if (rc != STATE_OK) {
+			mdb_txn_abort(txn);
+			return rc;
+		}
+	}
+	return state_rc_of(mdb_txn_commit(txn));
+}
+
+static void state_report(struct state *st, int rc)
+{
+	pthread_mutex_lock(&st->lock);
+	if (rc == STATE_OK) {
+		if (st->failing)
+			log_info("state: writes succeed again");
+		st->failing = 0;
+	} else {
+		st->counters.write_errors++;
+		if (rc == STATE_FULL)
+			st->counters.full_errors++;
+		if (!st->failing)
+			log_error("state: write failed: %s (logged once until writes succeed)",
+				  state_strerror(rc));
+		st->failing = 1;
+	}
+	pthread_mutex_unlock(&st->lock);
+}
+
+static void *state_writer(void *arg)
+{
+	struct state *st = arg;
+	struct state_write *list, *w, *next;
+	int rc, n;
+
+	for (;;) {
+		pthread_mutex_lock(&st->lock);
+		while (st->head == NULL && !st->stop)
+			pthread_cond_wait(&st->cond, &st->lock);
+		list = st->head;
+		st->head = NULL;
+		st->tail = &st->head;
+		pthread_mutex_unlock(&st->lock);
+		if (list == NULL)
+			return NULL;
+		/* Databases are opened in transactions of their own, before
+		 * the group's. */
+		for (w = list; w; w = w->next)
+			for (n = 0; n < w->nops; n++) {
+				MDB_dbi dbi;
+
+				state_dbi(st, w->ops[n].db, 1, &dbi);
+			}
+		/* Everything queued, one transaction, one sync. */
+		rc = state_commit(st, list, 0);
+		if (rc == STATE_OK) {
+			for (w = list, n = 0; w; w = w->next, n++)
+				w->rc = STATE_OK;
+		} else {
+			/* One write spoiled the batch (a full map, a value too
+			 * large): give each its own transaction, so only the
+			 * ones that cannot be written fail. */
+			for (w = list, n = 0; w; w = w->next, n++)
+				w->rc = state_commit(st, w, 1);
+		}
+		pthread_mutex_lock(&st->lock);
+		st->counters.commits++;
+		st->counters.writes += (uint64_t)n;
+		pthread_mutex_unlock(&st->lock);
+		for (w = list; w; w = next) {
+			next = w->next;
+			state_report(st, w->rc);
+			worker_post(w->w, &w->call); /* may free w */
+		}
+	}
+}
+
+struct state *state_open(const struct state_settings *set, char *err, size_t errlen)
+{
+	struct state *st = calloc(1, sizeof(*st));
+	int rc;
+
+	if (st == NULL) {
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
+	if (mkdir(set->dir, 0750) != 0 && errno != EEXIST) {
+		snprintf(err, errlen, "%s: %s", set->dir, strerror(errno));
+		free(st);
+		return NULL;
+	}
+	rc = mdb_env_create(&st->env);
+	if (rc == 0)
+		rc = mdb_env_set_maxdbs(st->env, STATE_MAX_DBS);
+	if (rc == 0)
+		rc = mdb_env_set_mapsize(st->env, (size_t)set->map_size);
+	if (rc == 0)
+		rc = mdb_env_set_maxreaders(st->env, 1024);
+	if (rc == 0)
+		rc = mdb_env_open(st->env, set->dir, MDB_NOTLS | (set->sync ? 0 : MDB_NOSYNC),
+				  0640);
+	if (rc != 0) {
+		snprintf(err, errlen, "%s: %s", set->dir, mdb_strerror(rc));
+		if (st->env)
+			mdb_env_close(st->env);
+		free(st);
+		return NULL;
+	}
+	pthread_mutex_init(&st->lock, NULL);
+	pthread_mutex_init(&st->dbi_lock, NULL);
+	pthread_cond_init(&st->cond, NULL);
+	st->tail = &st->head;
+	if (pthread_create(&st->writer, NULL, state_writer, st) != 0) {
+		snprintf(err, errlen, "cannot start the writer thread");
+		mdb_env_close(st->env);
+		free(st);
+		return NULL;
+	}
+	return st;
+}
+
+void state_close(struct state *st)
+{
+	int i;
+
+	if (st == NULL)
+		return;
+	pthread_mutex_lock(&st->lock);
+	st->stop = 1;
+	pthread_cond_signal(&st->cond);
+	pthread_mutex_unlock(&st->lock);
+	pthread_join(st->writer, NULL);
+	for (i = 0; i < st->ndbis; i++)
+		free(st->dbis[i].name);
+	free(st->dbis);
+	mdb_env_close(st->env);
+	pthread_mutex_destroy(&st->lock);
+	pthread_mutex_destroy(&st->dbi_lock);
+	pthread_cond_destroy(&st->cond);
+	free(st);
+}
+
+void state_submit(struct state *st, struct state_write *w)
+{
+	w->next = NULL;
+	w->rc = STATE_OK;
+	pthread_mutex_lock(&st->lock);
+	if (st->stop) {
+		pthread_mutex_unlock(&st->lock);
+		w->rc = STATE_CLOSED;
+		worker_post(w->w, &w->call);
+		return;
+	}
+	*st->tail = w;
+	st->tail = &w->next;
+	pthread_cond_signal(&st->cond);
+	pthread_mutex_unlock(&st->lock);
+}
+
+int state_get(struct state *st, const char *db, const void *key, size_t klen,
+	      void (*fn)(void *arg, const void *val, size_t vlen), void *arg)
+{
+	MDB_txn *txn;
+	MDB_dbi dbi;
+	MDB_val k = {klen, (void *)key}, v;
+	int rc = state_dbi(st, db, 0, &dbi);
+
+	if (rc != STATE_OK)
+		return rc;
+	rc = mdb_txn_begin(st->env, NULL, MDB_RDONLY, &txn);
+	if (rc != 0)
+		return state_rc_of(rc);
+	rc = mdb_get(txn, dbi, &k, &v);
+	if (rc == 0)
+		fn(arg, v.mv_data, v.mv_size);
+	mdb_txn_abort(txn);
+	return state_rc_of(rc);
+}
+
+int state_scan(struct state *st, const char *db, const void *first, size_t flen,
+	       int (*fn)(void *arg, const void *key, size_t klen, const void *val, size_t vlen),
+	       void *arg)
+{
+	MDB_txn *txn;
+	MDB_cursor *cur;
+	MDB_dbi dbi;
+	MDB_val k = {flen, (void *)first}, v;
+	int rc = state_dbi(st, db, 0, &dbi);
+
+	if (rc != STATE_OK)
+		return rc == STATE_NOTFOUND ? STATE_OK : rc;
+	rc = mdb_txn_begin(st->env, NULL, MDB_RDONLY, &txn);
+	if (rc != 0)
+		return state_rc_of(rc);
+	rc = mdb_cursor_open(txn, dbi, &cur);
+	if (rc == 0) {
+		rc = mdb_cursor_get(cur, &k, &v, first ? MDB_SET_RANGE : MDB_FIRST);
+		while (rc == 0 && fn(arg, k.mv_data, k.mv_size, v.mv_data, v.mv_size) == 0)
+			rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT);
+		mdb_cursor_close(cur);
+	}
+	mdb_txn_abort(txn);
+	return rc == 0 || rc == MDB_NOTFOUND ? STATE_OK : state_rc_of(rc);
+}
+
+void state_counters(struct state *st, struct state_counters *out)
+{
+	pthread_mutex_lock(&st->lock);
+	*out = st->counters;
+	pthread_mutex_unlock(&st->lock);
+}

@@ -1,0 +1,81 @@
+/* state: the proxy's own state in one LMDB environment under --data-dir:
+ * named databases per vhost and purpose, reads from any thread, and writes
+ * through one writer thread that commits everything queued in one
+ * transaction (group commit) and tells each requester when its write is
+ * durable. */
+#ifndef ACEMQ_STATE_H
+#define ACEMQ_STATE_H
+
+#include "../worker.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct state;
+
+enum state_rc {
+	STATE_OK = 0,
+	STATE_NOTFOUND = 1,
+	STATE_FULL = -1,   /* the map (or the disk) is full */
+	STATE_IO = -2,     /* an I/O error, or LMDB refused */
+	STATE_TOOBIG = -3, /* a key or value LMDB cannot hold */
+	STATE_CLOSED = -4, /* the state layer is shutting down */
+};
+
+/* One put or delete. The memory of db, key and val belongs to the caller
+ * until the write's done runs. */
+struct state_op {
+	const char *db; /* a named database, created on first write */
+	const void *key;
+	size_t klen;
+	const void *val; /* NULL: delete the key */
+	size_t vlen;
+};
+
+/* A write: ops applied atomically in the next group commit; done(w) runs
+ * on the worker w once it is durable (rc 0) or failed (rc < 0). */
+struct state_write {
+	struct worker_call call; /* fn: the completion, on the worker */
+	struct worker *w;
+	struct state_op *ops;
+	int nops;
+	int rc;
+	struct state_write *next;
+};
+
+struct state_settings {
+	const char *dir;
+	uint64_t map_size; /* bytes */
+	int sync;          /* 1: fsync every commit (durable); 0: MDB_NOSYNC */
+};
+
+/* Open (creating dir) and start the writer thread. NULL on failure, with
+ * the reason in err. */
+struct state *state_open(const struct state_settings *set, char *err, size_t errlen);
+/* Stop the writer after it has written what was queued, then close. */
+void state_close(struct state *st);
+
+/* From any thread: queue a write. */
+void state_submit(struct state *st, struct state_write *w);
+
+/* From any thread but a worker's loop: look key up in db and hand the
+ * value to fn inside the read transaction (the bytes are valid only
+ * there). Returns STATE_OK, STATE_NOTFOUND or an error. */
+int state_get(struct state *st, const char *db, const void *key, size_t klen,
+	      void (*fn)(void *arg, const void *val, size_t vlen), void *arg);
+
+/* Walk db's keys from first (inclusive; NULL: the start) while fn returns
+ * 0; fn may collect keys to delete later. */
+int state_scan(struct state *st, const char *db, const void *first, size_t flen,
+	       int (*fn)(void *arg, const void *key, size_t klen, const void *val, size_t vlen),
+	       void *arg);
+
+/* Counters since start, for the admin view. */
+struct state_counters {
+	uint64_t commits, writes, write_errors, full_errors;
+};
+void state_counters(struct state *st, struct state_counters *out);
+
+const char *state_strerror(int rc);
+
+#endif
