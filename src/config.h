@@ -30,7 +30,14 @@
 	X(MAX_MESSAGE_SIZE, "max_message_size", CFG_INT, "134217728", 4096, 2147483647,       \
 	  "largest message the proxy will hold whole")                                        \
 	X(MAX_CONNECTIONS, "max_connections", CFG_INT, "10000", 1, 1000000,                   \
-	  "client connections accepted at once")
+	  "client connections accepted at once")                                              \
+	X(STATE_MAP_MB, "state_map_mb", CFG_INT, "8192", 1, 16777216,                         \
+	  "largest size of the LMDB state (MiB of address space)")                            \
+	X(STATE_SYNC, "state_sync", CFG_INT, "1", 0, 1,                                       \
+	  "1: every commit is fsynced; 0: not (survives a crash of the proxy, not of the "    \
+	  "host)")                                                                            \
+	X(IO_THREADS, "io_threads", CFG_INT, "4", 1, 64,                                      \
+	  "threads for store reads and filesystem writes")
 
 enum config_id {
 #define CONFIG_ENUM(id, name, type, def, min, max, help) CFG_##id,

@@ -1,11 +1,13 @@
 /* hooks: which pipeline hooks a build of the proxy registers. */
 #include "hooks.h"
 
+#include "patterns/claim_check.h"
 #include "patterns/reply_to.h"
 #include "pipeline.h"
 
 void hooks_register(void)
 {
+	claim_check_register();
 	reply_to_register();
 	if (testhook_register)
 		testhook_register();

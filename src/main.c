@@ -2,9 +2,12 @@
 #include "admin.h"
 #include "config.h"
 #include "hooks.h"
+#include "jobs.h"
 #include "listener.h"
 #include "log.h"
 #include "rules.h"
+#include "store/claims.h"
+#include "store/state.h"
 #include "worker.h"
 
 #include "build_config.h"
@@ -130,6 +133,7 @@ int main(int argc, char **argv)
 	struct config cfg;
 	struct event_base *base;
 	struct event *sigterm, *sigint, *sighup;
+	struct state *state = NULL;
 	int nerr, i;
 	long workers;
 
@@ -171,6 +175,23 @@ int main(int argc, char **argv)
 	evthread_use_pthreads();
 	hooks_register();
 	main_rules_dir = config_str(&cfg, CFG_RULES);
+	{
+		struct state_settings set = {config_str(&cfg, CFG_DATA_DIR),
+					     (uint64_t)config_num(&cfg, CFG_STATE_MAP_MB) << 20,
+					     (int)config_num(&cfg, CFG_STATE_SYNC)};
+		char err[512];
+
+		state = state_open(&set, err, sizeof(err));
+		if (state == NULL)
+			log_error("state: cannot open %s; patterns that keep state in LMDB "
+				  "refuse their messages until it can be opened",
+				  err);
+		claims_init(state);
+	}
+	if (jobs_start((int)config_num(&cfg, CFG_IO_THREADS)) != 0) {
+		log_error("cannot start the I/O threads");
+		return 1;
+	}
 
 	workers = config_num(&cfg, CFG_WORKERS);
 	if (workers == 0)
@@ -206,8 +227,16 @@ int main(int argc, char **argv)
 
 	event_base_dispatch(base);
 
+	/* The workers' loops end first; then the store threads, whose last
+	 * completions are run before the workers are freed. */
 	for (i = 0; i < main_nworkers; i++)
-		worker_join(&main_workers[i]);
+		pthread_join(main_workers[i].thread, NULL);
+	jobs_stop();
+	state_close(state);
+	for (i = 0; i < main_nworkers; i++) {
+		worker_run_posted(&main_workers[i]);
+		worker_fini(&main_workers[i]);
+	}
 	log_info("stopped");
 	event_free(sigterm);
 	event_free(sigint);

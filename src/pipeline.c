@@ -110,14 +110,30 @@ void pipe_msg_free(struct pipe_msg *m)
 }
 
 int pipeline_wants(struct session *s, struct channel *ch, enum pipe_kind kind,
-		   amqp_method_number_t id, void *method)
+		   amqp_method_number_t id, void *method, int *per_hook)
 {
 	int i, want = 0;
 
-	for (i = 0; i < s->nhooks; i++)
-		if (s->hooks[i]->wants)
-			want |= s->hooks[i]->wants(s->hook_state[i], s, ch, kind, id, method);
+	for (i = 0; i < s->nhooks; i++) {
+		per_hook[i] = s->hooks[i]->wants ? s->hooks[i]->wants(s->hook_state[i], s, ch,
+								      kind, id, method)
+						 : 0;
+		want |= per_hook[i];
+	}
 	return want;
+}
+
+/* The header is in: ask again the hooks that can change their mind. */
+static int pipeline_header_want(struct session *s, struct channel *ch, struct pipe_msg *m)
+{
+	int i, want = 0;
+
+	for (i = 0; i < s->nhooks; i++) {
+		if (m->hook_want[i] && s->hooks[i]->header_want)
+			m->hook_want[i] = s->hooks[i]->header_want(s->hook_state[i], s, ch, m);
+		want |= m->hook_want[i];
+	}
+	return m->want = want;
 }
 
 /* Copy a body frame's payload (at the end of raw) into m->body. */
@@ -211,6 +227,8 @@ int pipeline_collect(struct session *s, struct channel *ch, struct pipe_msg *m,
 		if (content_props_decode(p, frame_len - FRAME_OVERHEAD, &m->pool, &m->props) !=
 		    0)
 			return PIPE_COLLECT_FAILED;
+		if (pipeline_header_want(s, ch, m) == 0)
+			return PIPE_COLLECT_RELEASE;
 		pipeline_stream_offer(s, ch, m);
 		if (m->streamer < 0 &&
 		    m->body_size > (uint64_t)worker_settings.max_message_size)
@@ -290,23 +308,30 @@ static void pipeline_settle_upstream(struct session *s, struct channel *ch, stru
 		method_write_basic_ack(session_out(s, DIR_TO_BROKER), ch->id, m->broker_tag, 0);
 }
 
-int pipeline_complete(struct session *s, struct channel *ch, struct pipe_msg *m)
+/* The leg a message came from: its later frames wait while it waits. */
+static enum chan_dir pipeline_dir(const struct pipe_msg *m)
 {
-	enum pipe_verdict v = PIPE_PASS;
-	int i;
+	return m->kind == PIPE_PUBLISH ? DIR_TO_BROKER : DIR_TO_CLIENT;
+}
 
-	if ((m->want & PIPE_WANT_BODY) && m->body == NULL)
-		m->body = evbuffer_new();
-	if (m->streamer >= 0 && !m->body_dirty) {
-		/* The body went to the stream and nothing replaced it. */
-		log_error("hook %s streamed a body and gave no replacement",
-			  s->hooks[m->streamer]->name);
-		pipe_msg_free(m);
-		return -1;
+/* A publish the proxy will not forward: the client is told. */
+static void pipeline_refuse(struct session *s, struct channel *ch)
+{
+	if (ch->confirm_mode && s->track) {
+		amqp_basic_nack_t n = {confirmmap_answer(&ch->confirms), 0, 0};
+
+		method_write(session_out(s, DIR_TO_CLIENT), ch->id, AMQP_BASIC_NACK_METHOD, &n);
+		return;
 	}
-	for (i = 0; i < s->nhooks && v == PIPE_PASS; i++)
-		if (s->hooks[i]->message)
-			v = s->hooks[i]->message(s->hook_state[i], s, ch, m);
+	session_channel_error(s, ch, 541,
+			      "INTERNAL_ERROR - the proxy could not store the message", 60, 40);
+}
+
+/* Dispose of a message by its final verdict. */
+static int pipeline_finish(struct session *s, struct channel *ch, struct pipe_msg *m,
+			   enum pipe_verdict v)
+{
+	int rc;
 
 	if (m->kind == PIPE_PUBLISH) {
 		if (v == PIPE_ANSWER) {
@@ -317,11 +342,38 @@ int pipeline_complete(struct session *s, struct channel *ch, struct pipe_msg *m)
 			pipe_msg_free(m);
 			return 0;
 		}
+		if (v == PIPE_REFUSE) {
+			s->w->stats.publishes_refused++;
+			pipeline_refuse(s, ch);
+			pipe_msg_free(m);
+			return 0;
+		}
+		if (v == PIPE_SWALLOW) { /* its channel went away meanwhile */
+			pipe_msg_free(m);
+			return 0;
+		}
 		if (ch->confirm_mode && s->track)
 			confirmmap_forward(&ch->confirms);
-		i = pipeline_emit(s, m, session_out(s, DIR_TO_BROKER));
+		rc = pipeline_emit(s, m, session_out(s, DIR_TO_BROKER));
 		pipe_msg_free(m);
-		return i;
+		return rc;
+	}
+	if (v == PIPE_REFUSE) {
+		/* A delivery the proxy cannot complete: its channel closes, so
+		 * the broker requeues it with everything else unacked. */
+		session_channel_error(
+		    s, ch, 541,
+		    "INTERNAL_ERROR - the proxy could not read the message's payload", 60, 60);
+		pipe_msg_free(m);
+		return 0;
+	}
+	if (v == PIPE_REJECT && m->kind != PIPE_RETURN && !m->no_ack) {
+		amqp_basic_reject_t r = {m->broker_tag, 0};
+
+		method_write(session_out(s, DIR_TO_BROKER), ch->id, AMQP_BASIC_REJECT_METHOD,
+			     &r);
+		v = PIPE_SWALLOW;
+		m->no_ack = 1; /* settled above */
 	}
 	switch (v) {
 	case PIPE_SWALLOW:
@@ -345,6 +397,118 @@ int pipeline_complete(struct session *s, struct channel *ch, struct pipe_msg *m)
 	default:
 		return pipeline_deliver(s, ch, m);
 	}
+}
+
+int pipeline_complete(struct session *s, struct channel *ch, struct pipe_msg *m)
+{
+	enum pipe_verdict v = PIPE_PASS;
+	int i;
+
+	if ((m->want & PIPE_WANT_BODY) && m->body == NULL)
+		m->body = evbuffer_new();
+	for (i = 0; i < s->nhooks && v == PIPE_PASS; i++)
+		if (s->hooks[i]->message)
+			v = s->hooks[i]->message(s->hook_state[i], s, ch, m);
+	if (v == PIPE_PASS && m->streamer >= 0 && !m->body_dirty) {
+		/* The body went to the stream and nothing replaced it. */
+		log_error("hook %s streamed a body and gave no replacement",
+			  s->hooks[m->streamer]->name);
+		pipe_msg_free(m);
+		return -1;
+	}
+	if (v == PIPE_WAIT) {
+		session_hold(s, pipeline_dir(m));
+		return 0;
+	}
+	return pipeline_finish(s, ch, m, v);
+}
+
+int pipeline_pass(struct session *s, struct channel *ch, struct pipe_msg *m)
+{
+	return pipeline_finish(s, ch, m, PIPE_PASS);
+}
+
+/* Rewrite-only hooks see a message that waited, once it is final. */
+static void pipeline_rewrite(struct session *s, struct channel *ch, struct pipe_msg *m)
+{
+	int i;
+
+	for (i = 0; i < s->nhooks; i++)
+		if (s->hooks[i]->rewrite_only && s->hooks[i]->message)
+			s->hooks[i]->message(s->hook_state[i], s, ch, m);
+}
+
+int pipeline_resume(struct session *s, struct channel *ch, struct pipe_msg *m,
+		    enum pipe_verdict v)
+{
+	enum chan_dir dir = pipeline_dir(m);
+	int rc;
+
+	if (v == PIPE_PASS)
+		pipeline_rewrite(s, ch, m);
+	rc = pipeline_finish(s, ch, m, v);
+
+	session_unhold(s, dir);
+	return rc;
+}
+
+int pipeline_stream_out_begin(struct session *s, struct channel *ch, struct pipe_msg *m,
+			      uint64_t body_size)
+{
+	struct evbuffer *out = session_out(s, DIR_TO_CLIENT);
+	uint64_t *tagp = pipeline_tag_of(m);
+	int rc;
+
+	if (out == NULL)
+		return -1;
+	pipeline_rewrite(s, ch, m);
+	if (tagp) {
+		*tagp = s->track ? tagmap_deliver(&ch->tags, m->broker_tag, !m->no_ack)
+				 : m->broker_tag;
+	}
+	rc = method_write(out, m->channel, m->method_id, m->method);
+	rc |= content_header_write(out, m->channel, AMQP_BASIC_CLASS, body_size, m->props);
+	evbuffer_drain(m->raw, evbuffer_get_length(m->raw));
+	return rc ? -1 : 0;
+}
+
+int pipeline_stream_out(struct session *s, struct channel *ch, struct pipe_msg *m,
+			const void *data, size_t len)
+{
+	struct evbuffer *out = session_out(s, DIR_TO_CLIENT);
+	size_t chunk = s->frame_max > FRAME_OVERHEAD ? s->frame_max - FRAME_OVERHEAD : 4088;
+	const uint8_t *p = data;
+	uint8_t head[FRAME_HEADER_SIZE];
+	const uint8_t end = FRAME_END;
+
+	if (out == NULL)
+		return -1;
+	while (len > 0) {
+		size_t n = len < chunk ? len : chunk;
+
+		frame_scan_put_header(head, FRAME_BODY, m->channel, (uint32_t)n);
+		if (evbuffer_add(out, head, sizeof(head)) != 0 ||
+		    evbuffer_add(out, p, n) != 0 || evbuffer_add(out, &end, 1) != 0)
+			return -1;
+		p += n;
+		len -= n;
+	}
+	return 0;
+}
+
+void pipeline_stream_out_end(struct session *s, struct channel *ch, struct pipe_msg *m)
+{
+	enum chan_dir dir = pipeline_dir(m);
+
+	pipe_msg_free(m);
+	session_unhold(s, dir);
+}
+
+size_t pipeline_client_backlog(struct session *s)
+{
+	struct evbuffer *out = session_out(s, DIR_TO_CLIENT);
+
+	return out ? evbuffer_get_length(out) : 0;
 }
 
 int pipeline_release(struct session *s, struct channel *ch, struct pipe_msg *m)
@@ -373,6 +537,15 @@ void pipeline_settled(struct session *s, struct channel *ch, amqp_method_number_
 	for (i = 0; i < s->nhooks; i++)
 		if (s->hooks[i]->settle)
 			s->hooks[i]->settle(s->hook_state[i], s, ch, how, broker_tag);
+}
+
+void pipeline_drained(struct session *s)
+{
+	int i;
+
+	for (i = 0; i < s->nhooks; i++)
+		if (s->hooks[i]->drained)
+			s->hooks[i]->drained(s->hook_state[i], s);
 }
 
 void pipeline_channel_closed(struct session *s, struct channel *ch)

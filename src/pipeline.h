@@ -24,6 +24,14 @@ enum pipe_verdict {
 	PIPE_SWALLOW, /* a delivery the client never sees; settled upstream */
 	PIPE_HOLD,    /* the hook keeps it; it calls pipeline_release later */
 	PIPE_ANSWER,  /* a publish the proxy answers itself (not forwarded) */
+	PIPE_WAIT,    /* not yet: the hook keeps it and finishes it later with
+		       * pipeline_resume; until then later frames from the
+		       * same leg wait behind it */
+	PIPE_REFUSE,  /* a publish not forwarded: basic.nack in confirm mode,
+		       * otherwise its channel is closed with 541 */
+	PIPE_REJECT,  /* a delivery the client never sees, rejected upstream
+		       * without requeue (dead-lettered); a no-ack one, which
+		       * the broker already let go, is delivered as it is */
 };
 
 struct pipe_msg {
@@ -34,14 +42,15 @@ struct pipe_msg {
 	void *method; /* decoded: amqp_basic_publish_t, _deliver_t, ... */
 	amqp_basic_properties_t *props;
 	uint64_t body_size;
-	struct evbuffer *raw;  /* the original frames, in order */
-	size_t raw_method_len; /* bytes of the method frame in raw */
-	size_t raw_header_len; /* bytes of the header frame in raw */
-	struct evbuffer *body; /* payload bytes when a hook asked for them */
-	uint64_t broker_tag;   /* deliveries: the broker's delivery tag */
-	int no_ack;            /* deliveries: the client will not settle it */
-	int want;              /* union of what the hooks asked for */
-	int streamer;          /* index of the hook taking the body as a stream, or -1 */
+	struct evbuffer *raw;              /* the original frames, in order */
+	size_t raw_method_len;             /* bytes of the method frame in raw */
+	size_t raw_header_len;             /* bytes of the header frame in raw */
+	struct evbuffer *body;             /* payload bytes when a hook asked for them */
+	uint64_t broker_tag;               /* deliveries: the broker's delivery tag */
+	int no_ack;                        /* deliveries: the client will not settle it */
+	int want;                          /* union of what the hooks asked for */
+	int hook_want[PIPELINE_MAX_HOOKS]; /* what each hook asked for */
+	int streamer; /* index of the hook taking the body as a stream, or -1 */
 	unsigned method_dirty : 1, props_dirty : 1, body_dirty : 1;
 };
 
@@ -72,6 +81,13 @@ struct pipe_hook {
 	void (*settle)(void *state, struct session *s, struct channel *ch,
 		       amqp_method_number_t how, uint64_t broker_tag);
 	void (*channel_closed)(void *state, struct session *s, struct channel *ch);
+	/* The output towards the client fell below its low mark. */
+	void (*drained)(void *state, struct session *s);
+	/* Once the header is in (props and body_size known): what the hook
+	 * still wants of a message it asked for. When no hook wants it any
+	 * more, the message goes on as it was and its body is not held. */
+	int (*header_want)(void *state, struct session *s, struct channel *ch,
+			   struct pipe_msg *m);
 };
 
 void pipeline_register(const struct pipe_hook *hook);
@@ -84,7 +100,12 @@ void pipeline_refresh(struct session *s);
 struct pipe_msg *pipe_msg_new(enum pipe_kind kind, uint16_t channel);
 void pipe_msg_free(struct pipe_msg *m);
 
-enum { PIPE_COLLECT_OK = 0, PIPE_COLLECT_TOO_LARGE = -1, PIPE_COLLECT_FAILED = -2 };
+enum {
+	PIPE_COLLECT_OK = 0,
+	PIPE_COLLECT_RELEASE = 1, /* no hook wants it after all: pipeline_pass it */
+	PIPE_COLLECT_TOO_LARGE = -1,
+	PIPE_COLLECT_FAILED = -2,
+};
 
 /* Called by the session for each frame of a message it decided to
  * assemble; returns PIPE_COLLECT_OK, _TOO_LARGE when the message exceeds
@@ -93,16 +114,36 @@ int pipeline_collect(struct session *s, struct channel *ch, struct pipe_msg *m,
 		     struct evbuffer *in, size_t frame_len, int frame_type);
 /* The message is complete: run the hooks and dispose of it. */
 int pipeline_complete(struct session *s, struct channel *ch, struct pipe_msg *m);
+/* Forward what was collected of a message no hook wants after all; the
+ * rest of its frames move as they are. */
+int pipeline_pass(struct session *s, struct channel *ch, struct pipe_msg *m);
+
+/* For hooks: finish a message that waited (PIPE_WAIT) with a final
+ * verdict (not PIPE_WAIT or PIPE_HOLD); its leg's frames flow again. */
+int pipeline_resume(struct session *s, struct channel *ch, struct pipe_msg *m,
+		    enum pipe_verdict v);
+/* For hooks: finish a waiting delivery (or return) whose body the hook
+ * streams: the method and properties go out with body_size, then the body
+ * in any number of pieces, re-framed at the client's frame_max. end frees
+ * m and lets the leg's frames flow again. */
+int pipeline_stream_out_begin(struct session *s, struct channel *ch, struct pipe_msg *m,
+			      uint64_t body_size);
+int pipeline_stream_out(struct session *s, struct channel *ch, struct pipe_msg *m,
+			const void *data, size_t len);
+void pipeline_stream_out_end(struct session *s, struct channel *ch, struct pipe_msg *m);
+/* Bytes queued towards the client (for a hook pacing a stream). */
+size_t pipeline_client_backlog(struct session *s);
 
 /* For hooks: forward a held delivery now, or give it back to the broker. */
 int pipeline_release(struct session *s, struct channel *ch, struct pipe_msg *m);
 int pipeline_requeue(struct session *s, struct channel *ch, struct pipe_msg *m, int requeue);
 
-/* Which hooks want a message; 0 if none. */
+/* Which hooks want a message (each hook's answer in per_hook); 0 if none. */
 int pipeline_wants(struct session *s, struct channel *ch, enum pipe_kind kind,
-		   amqp_method_number_t id, void *method);
+		   amqp_method_number_t id, void *method, int *per_hook);
 void pipeline_settled(struct session *s, struct channel *ch, amqp_method_number_t how,
 		      uint64_t broker_tag);
 void pipeline_channel_closed(struct session *s, struct channel *ch);
+void pipeline_drained(struct session *s);
 
 #endif

@@ -575,17 +575,27 @@ static int session_client_settle(struct session *s, struct channel *ch, amqp_met
 		/* What the broker says for a tag it does not know. */
 		snprintf(why, sizeof(why), "PRECONDITION_FAILED - unknown delivery tag %llu",
 			 (unsigned long long)tag);
-		method_write_channel_close(session_out(s, DIR_TO_CLIENT), ch->id,
-					   REPLY_PRECONDITION_FAILED, why, (uint16_t)(id >> 16),
-					   (uint16_t)id);
-		/* The broker's side of the channel is closed too; its
-		 * close-ok is dropped on the way back. */
-		method_write_channel_close(session_out(s, DIR_TO_BROKER), ch->id,
-					   REPLY_PRECONDITION_FAILED, why, (uint16_t)(id >> 16),
-					   (uint16_t)id);
-		ch->proxy_closing = 1;
+		session_channel_error(s, ch, REPLY_PRECONDITION_FAILED, why,
+				      (uint16_t)(id >> 16), (uint16_t)id);
 	}
 	return 0;
+}
+
+void session_channel_error(struct session *s, struct channel *ch, uint16_t code,
+			   const char *text, uint16_t class_id, uint16_t method_id)
+{
+	struct evbuffer *to_client = session_out(s, DIR_TO_CLIENT);
+	struct evbuffer *to_broker = session_out(s, DIR_TO_BROKER);
+
+	if (ch->proxy_closing)
+		return;
+	if (to_client)
+		method_write_channel_close(to_client, ch->id, code, text, class_id, method_id);
+	/* The broker's side of the channel is closed too; its close-ok is
+	 * dropped on the way back. */
+	if (to_broker)
+		method_write_channel_close(to_broker, ch->id, code, text, class_id, method_id);
+	ch->proxy_closing = 1;
 }
 
 /* The broker's ack or nack of publishes on a channel with mapped confirms. */
@@ -624,7 +634,7 @@ static int session_content_method(struct session *s, struct leg *from, struct ch
 	struct pipe_msg *m;
 	struct evbuffer *in = transport_input(from->tr);
 	size_t len = frame_scan_wire_len(fi);
-	int want;
+	int want, per_hook[PIPELINE_MAX_HOOKS];
 
 	switch (id) {
 	case AMQP_BASIC_PUBLISH_METHOD:
@@ -640,7 +650,7 @@ static int session_content_method(struct session *s, struct leg *from, struct ch
 		kind = PIPE_RETURN;
 		break;
 	}
-	want = pipeline_wants(s, ch, kind, id, decoded);
+	want = pipeline_wants(s, ch, kind, id, decoded, per_hook);
 	if (want) {
 		m = pipe_msg_new(kind, ch->id);
 		if (m == NULL) {
@@ -648,6 +658,7 @@ static int session_content_method(struct session *s, struct leg *from, struct ch
 			return -1;
 		}
 		m->want = want;
+		memcpy(m->hook_want, per_hook, sizeof(per_hook));
 		if (kind == PIPE_DELIVER) {
 			amqp_basic_deliver_t *d = decoded;
 
@@ -971,6 +982,18 @@ static int session_content(struct session *s, struct leg *from, const struct fra
 	int rc;
 
 	rc = pipeline_collect(s, ch, m, in, frame_scan_wire_len(fi), fi->type);
+	if (rc == PIPE_COLLECT_RELEASE) {
+		/* No hook wants it after all: what was collected goes on, and
+		 * the body moves as it comes. */
+		c->msg = NULL;
+		rc = pipeline_pass(s, ch, m);
+		if (rc != 0) {
+			session_shut(s, 541,
+				     "INTERNAL_ERROR - the proxy could not handle a message");
+			return -1;
+		}
+		return 0;
+	}
 	if (rc == PIPE_COLLECT_TOO_LARGE && from->dir == DIR_TO_BROKER) {
 		session_protocol_error(s, REPLY_FRAME_ERROR,
 				       "FRAME_ERROR - message larger than max_message_size", 60,
@@ -1067,6 +1090,10 @@ static int session_pump(struct session *s, struct leg *from)
 	/* The cursor sits at the end of the run of untouched frames; it is
 	 * set again whenever the input changes under it. */
 	for (;;) {
+		/* A message from this leg waits for a hook: so do the frames
+		 * behind it (the close handshake never waits). */
+		if (from->held && s->state < SESSION_CLOSING)
+			break;
 		if (fresh) {
 			out = to->tr ? transport_output(to->tr) : NULL;
 			out_len = out ? evbuffer_get_length(out) : 0;
@@ -1219,6 +1246,8 @@ static void session_drained(struct session *s, struct leg *l)
 		transport_read_enable(other->tr);
 		session_event(s, other, SEV_READ, 0);
 	}
+	if (l == &s->client && s->nhooks && s->state < SESSION_CLOSING)
+		pipeline_drained(s);
 }
 
 static void session_connected(struct session *s, struct leg *l)
@@ -1322,6 +1351,32 @@ static void session_event(struct session *s, struct leg *l, enum session_event e
 		}
 	}
 	session_leave(s);
+}
+
+void session_hold(struct session *s, enum chan_dir from)
+{
+	(from == DIR_TO_BROKER ? &s->client : &s->upstream)->held++;
+}
+
+void session_unhold(struct session *s, enum chan_dir from)
+{
+	struct leg *l = from == DIR_TO_BROKER ? &s->client : &s->upstream;
+
+	if (l->held && --l->held == 0)
+		session_event(s, l, SEV_READ, 0);
+}
+
+int session_complete(struct session *s, void (*fn)(struct session *s, void *arg), void *arg)
+{
+	int ran = 0;
+
+	session_enter(s);
+	if (s->state < SESSION_CLOSING) {
+		fn(s, arg);
+		ran = 1;
+	}
+	session_leave(s);
+	return ran;
 }
 
 void session_rules_changed(struct session *s)

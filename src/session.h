@@ -32,6 +32,7 @@ struct leg {
 	unsigned paused : 1; /* reads stopped: the other leg's output is full */
 	unsigned eof : 1;    /* the peer closed or failed */
 	unsigned done : 1;   /* CLOSING: this leg finished its close handshake */
+	unsigned held;       /* holds on this leg's frames (session_hold) */
 };
 
 struct session {
@@ -69,6 +70,18 @@ struct session {
 struct session *session_new(struct worker *w, int fd, const struct sockaddr *sa, int salen);
 /* Close both legs with connection.close code (the proxy's own close). */
 void session_close(struct session *s, uint16_t code, const char *text);
+/* Frames read from one direction wait (a message waits for a hook) until
+ * every hold is released; then they flow again. */
+void session_hold(struct session *s, enum chan_dir from);
+void session_unhold(struct session *s, enum chan_dir from);
+/* Close one channel on both sides with code (the broker's close-ok is
+ * dropped), as the broker does for a channel error. */
+void session_channel_error(struct session *s, struct channel *ch, uint16_t code,
+			   const char *text, uint16_t class_id, uint16_t method_id);
+/* Run fn for a completion that arrived off the session's stack, under the
+ * lifetime rule: not at all when the session started closing. Returns 1
+ * if fn ran. */
+int session_complete(struct session *s, void (*fn)(struct session *s, void *arg), void *arg);
 /* The worker swapped in a new rules set. */
 void session_rules_changed(struct session *s);
 /* A completion or timer that ran off the session's stack looks its session

@@ -173,12 +173,6 @@ void worker_set_rules(struct worker *w, struct rules *r)
 	event_active(w->notify, EV_READ, 0);
 }
 
-void worker_join(struct worker *w)
-{
-	pthread_join(w->thread, NULL);
-	worker_fini(w);
-}
-
 void worker_fini(struct worker *w)
 {
 	rules_unref(w->rules);

@@ -78,7 +78,6 @@ int worker_start(struct worker *w, int index);
 int worker_assign(struct worker *w, int fd, const struct sockaddr *sa, int salen);
 /* From any thread: stop taking work, drain, then exit the loop. */
 void worker_drain(struct worker *w);
-void worker_join(struct worker *w);
 /* From any thread: run c->fn on the worker's loop, in posting order. */
 void worker_post(struct worker *w, struct worker_call *c);
 /* On the worker: run what was posted (also done by the loop itself). */

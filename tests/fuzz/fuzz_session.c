@@ -23,8 +23,8 @@
 #include <event2/buffer.h>
 #include <event2/event.h>
 #include <fcntl.h>
-#include <signal.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -263,7 +263,8 @@ static void fuzz_client_frame(uint8_t k, uint8_t p)
 	}
 	case 6: {
 		const char *rk = p & 16 ? "stream.x" : "rk";
-		amqp_basic_publish_t m = {.exchange = fuzz_str(""), .routing_key = fuzz_str(rk),
+		amqp_basic_publish_t m = {.exchange = fuzz_str(""),
+					  .routing_key = fuzz_str(rk),
 					  .mandatory = (p & 32) != 0};
 		method_write(b, ch, AMQP_BASIC_PUBLISH_METHOD, &m);
 		if (!(p & 64))
@@ -302,18 +303,20 @@ static void fuzz_client_frame(uint8_t k, uint8_t p)
 		method_write_connection_close(b, 200, "bye", 0, 0);
 		break;
 	case 14:
-		method_write(b, 0, AMQP_CONNECTION_CLOSE_OK_METHOD, &(amqp_connection_close_ok_t){0});
+		method_write(b, 0, AMQP_CONNECTION_CLOSE_OK_METHOD,
+			     &(amqp_connection_close_ok_t){0});
 		break;
 	case 15:
 		evbuffer_add(b, heartbeat, 8);
 		break;
 	case 16:
-		method_write(b, ch, AMQP_CHANNEL_CLOSE_OK_METHOD, &(amqp_channel_close_ok_t){0});
+		method_write(b, ch, AMQP_CHANNEL_CLOSE_OK_METHOD,
+			     &(amqp_channel_close_ok_t){0});
 		break;
 	case 17: {
 		/* connection.update-secret (10/70): newer than the codec. */
-		static const uint8_t f[] = {1, 0, 0, 0, 0, 0, 11, 0, 10, 0, 70,
-					    0, 0, 0, 1, 's', 1, 'r', 0xCE};
+		static const uint8_t f[] = {1,  0, 0, 0, 0, 0,   11, 0,   10,  0,
+					    70, 0, 0, 0, 1, 's', 1,  'r', 0xCE};
 		evbuffer_add(b, f, sizeof(f));
 		break;
 	}
@@ -361,7 +364,8 @@ static void fuzz_broker_frame(struct evbuffer *b, uint8_t k, uint8_t p)
 		break;
 	}
 	case 4:
-		method_write(b, ch, AMQP_CONFIRM_SELECT_OK_METHOD, &(amqp_confirm_select_ok_t){0});
+		method_write(b, ch, AMQP_CONFIRM_SELECT_OK_METHOD,
+			     &(amqp_confirm_select_ok_t){0});
 		break;
 	case 5: {
 		amqp_basic_deliver_t m = {.consumer_tag = fuzz_str(p & 4 ? "ctag" : "other"),
@@ -409,10 +413,12 @@ static void fuzz_broker_frame(struct evbuffer *b, uint8_t k, uint8_t p)
 		method_write_connection_close(b, 320, "CONNECTION_FORCED - fuzz", 0, 0);
 		break;
 	case 13:
-		method_write(b, 0, AMQP_CONNECTION_CLOSE_OK_METHOD, &(amqp_connection_close_ok_t){0});
+		method_write(b, 0, AMQP_CONNECTION_CLOSE_OK_METHOD,
+			     &(amqp_connection_close_ok_t){0});
 		break;
 	case 14:
-		method_write(b, ch, AMQP_CHANNEL_CLOSE_OK_METHOD, &(amqp_channel_close_ok_t){0});
+		method_write(b, ch, AMQP_CHANNEL_CLOSE_OK_METHOD,
+			     &(amqp_channel_close_ok_t){0});
 		break;
 	default:
 		evbuffer_add(b, heartbeat, 8);
@@ -477,8 +483,8 @@ static void fuzz_broker_answer(void)
 				break;
 			case AMQP_BASIC_PUBLISH_METHOD:
 				if (fz.confirm_on[ch % 8])
-					method_write_basic_ack(out, ch, ++fz.confirm_seq[ch % 8],
-							       0);
+					method_write_basic_ack(out, ch,
+							       ++fz.confirm_seq[ch % 8], 0);
 				break;
 			default:
 				break;

@@ -1,0 +1,612 @@
+/* claim_check: bodies at or above a vhost's threshold go to its claim store
+ * on publish and travel as 0xAC 0x01 0x01 KEY; on delivery, get-ok and
+ * return a claim check is replaced by its payload, streamed at the pace of
+ * the client, and an inline-framed body (0xAC 0x01 0x00) is unframed. */
+#include "claim_check.h"
+
+#include "../channel.h"
+#include "../log.h"
+#include "../pipeline.h"
+#include "../rules.h"
+#include "../session.h"
+#include "../store/claims.h"
+#include "../worker.h"
+
+#include <event2/buffer.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CLAIM_CHECK_MAGIC0     0xAC
+#define CLAIM_CHECK_MAGIC1     0x01
+#define CLAIM_CHECK_INLINE     0x00
+#define CLAIM_CHECK_REFERENCE  0x01
+#define CLAIM_CHECK_MAX_KEY    255                /* what a reference may carry */
+#define CLAIM_CHECK_INLINE_MIN 65536              /* inline bodies looked at, at least */
+#define CLAIM_CHECK_HIGH       (8u * 1024 * 1024) /* upload backlog that pauses the client */
+#define CLAIM_CHECK_LOW        (2u * 1024 * 1024)
+
+/* A publish whose body goes to the store. While streaming, m belongs to
+ * its channel; once the publish waits for durability it belongs here. */
+struct claim_check_up {
+	struct claim_check *cc;
+	struct pipe_msg *m;
+	uint16_t channel;
+	struct claims_upload *u;
+	uint8_t prefix[2];
+	int nprefix;
+	unsigned framed : 1;  /* the body is framed already: passed as it is */
+	unsigned waiting : 1; /* message() returned PIPE_WAIT: m is ours */
+	unsigned held : 1;    /* the client leg is held for the backlog */
+	unsigned gone : 1;    /* its channel closed meanwhile */
+	int rc;               /* the store's answer */
+	struct claim_check_up *next;
+};
+
+/* A delivery whose payload is read back from the store. */
+struct claim_check_rd {
+	struct claim_check *cc;
+	struct pipe_msg *m;
+	uint16_t channel;
+	struct claims_read *r;
+	char key[CLAIMS_KEY_LEN + 1];
+	int started;   /* method and header went out */
+	int want_next; /* waiting for the client's output to drain */
+	int gone;      /* its channel closed meanwhile */
+	struct claim_check_rd *next;
+};
+
+struct claim_check {
+	struct session *s;
+	struct claims_where where;
+	long threshold;
+	enum rules_on_missing on_missing;
+	struct claim_check_up *ups;
+	struct claim_check_rd *rds;
+};
+
+static const struct rules_claim_check *claim_check_rule(struct session *s)
+{
+	const struct rules_vhost *v = session_rules(s);
+
+	return v && v->claim_check.enabled ? &v->claim_check : NULL;
+}
+
+static void *claim_check_attach(struct session *s)
+{
+	const struct rules_claim_check *rule = claim_check_rule(s);
+	struct claim_check *cc;
+
+	if (rule == NULL || (cc = calloc(1, sizeof(*cc))) == NULL)
+		return NULL;
+	cc->s = s;
+	claims_where(&cc->where, s->vhost, rule);
+	cc->threshold = rule->threshold;
+	cc->on_missing = rule->on_missing;
+	return cc;
+}
+
+static void claim_check_up_free(struct claim_check_up *up)
+{
+	struct claim_check_up **p;
+
+	for (p = &up->cc->ups; *p; p = &(*p)->next)
+		if (*p == up) {
+			*p = up->next;
+			break;
+		}
+	if (up->waiting)
+		pipe_msg_free(up->m);
+	free(up);
+}
+
+static void claim_check_rd_free(struct claim_check_rd *rd)
+{
+	struct claim_check_rd **p;
+
+	for (p = &rd->cc->rds; *p; p = &(*p)->next)
+		if (*p == rd) {
+			*p = rd->next;
+			break;
+		}
+	if (rd->m)
+		pipe_msg_free(rd->m);
+	free(rd);
+}
+
+static void claim_check_detach(void *state)
+{
+	struct claim_check *cc = state;
+
+	while (cc->ups) {
+		claims_upload_abandon(cc->ups->u);
+		claim_check_up_free(cc->ups);
+	}
+	while (cc->rds) {
+		claims_read_abandon(cc->rds->r);
+		claim_check_rd_free(cc->rds);
+	}
+	free(cc);
+}
+
+static struct claim_check_up *claim_check_up_of(struct claim_check *cc, struct pipe_msg *m)
+{
+	struct claim_check_up *up;
+
+	for (up = cc->ups; up; up = up->next)
+		if (up->m == m)
+			return up;
+	return NULL;
+}
+
+static int claim_check_wants(void *state, struct session *s, struct channel *ch,
+			     enum pipe_kind kind, amqp_method_number_t id, void *method)
+{
+	const struct rules_claim_check *rule = claim_check_rule(s);
+
+	if (rule == NULL)
+		return PIPE_WANT_NONE;
+	if (kind == PIPE_PUBLISH) {
+		amqp_basic_publish_t *p = method;
+
+		return rules_matches(&rule->match, p->exchange.bytes, p->exchange.len,
+				     p->routing_key.bytes, p->routing_key.len)
+			   ? PIPE_WANT_MSG
+			   : PIPE_WANT_NONE;
+	}
+	return PIPE_WANT_MSG; /* every delivery of the vhost, whoever published it */
+}
+
+static int claim_check_header_want(void *state, struct session *s, struct channel *ch,
+				   struct pipe_msg *m)
+{
+	struct claim_check *cc = state;
+	uint64_t inline_max =
+	    (uint64_t)(cc->threshold > CLAIM_CHECK_INLINE_MIN ? cc->threshold
+							      : CLAIM_CHECK_INLINE_MIN) +
+	    3;
+
+	if (m->kind == PIPE_PUBLISH)
+		return m->body_size >= (uint64_t)cc->threshold ? PIPE_WANT_MSG : PIPE_WANT_NONE;
+	/* A claim check or an inline-framed body is small; a larger body is
+	 * not framed by the proxy and goes on as it is. */
+	if (m->body_size < 3 || m->body_size > inline_max)
+		return PIPE_WANT_NONE;
+	return PIPE_WANT_MSG | PIPE_WANT_BODY;
+}
+
+/* ---- publish ----------------------------------------------------------- */
+
+static void claim_check_up_progress_in(struct session *s, void *arg)
+{
+	struct claim_check_up *up = arg;
+
+	if (up->held && claims_upload_pending(up->u) <= CLAIM_CHECK_LOW) {
+		up->held = 0;
+		session_unhold(s, DIR_TO_BROKER);
+	}
+}
+
+static void claim_check_up_progress(void *arg)
+{
+	struct claim_check_up *up = arg;
+
+	session_complete(up->cc->s, claim_check_up_progress_in, up);
+}
+
+static void claim_check_up_done_in(struct session *s, void *arg)
+{
+	struct claim_check_up *up = arg;
+	struct channel *ch = session_channel(s, up->channel);
+	struct pipe_msg *m = up->m;
+	enum pipe_verdict v = PIPE_REFUSE;
+	const char *key = up->rc == 0 ? claims_upload_key(up->u) : NULL;
+
+	up->u = NULL; /* freed by the store after this callback */
+	if (up->held) {
+		up->held = 0;
+		session_unhold(s, DIR_TO_BROKER);
+	}
+	if (up->gone || ch == NULL) {
+		v = PIPE_SWALLOW;
+	} else if (up->framed) {
+		v = PIPE_PASS;
+	} else if (key) {
+		uint8_t head[3] = {CLAIM_CHECK_MAGIC0, CLAIM_CHECK_MAGIC1,
+				   CLAIM_CHECK_REFERENCE};
+
+		if (m->body == NULL)
+			m->body = evbuffer_new();
+		if (m->body && evbuffer_add(m->body, head, 3) == 0 &&
+		    evbuffer_add(m->body, key, CLAIMS_KEY_LEN) == 0) {
+			m->body_dirty = 1;
+			v = PIPE_PASS;
+			s->w->stats.claims_offloaded++;
+			s->w->stats.claims_offloaded_bytes += m->body_size;
+		}
+	}
+	up->waiting = 0; /* m goes to the pipeline */
+	claim_check_up_free(up);
+	if (ch)
+		pipeline_resume(s, ch, m, v);
+	else
+		pipe_msg_free(m);
+}
+
+static void claim_check_up_done(void *arg, int rc)
+{
+	struct claim_check_up *up = arg;
+
+	up->rc = rc;
+	if (rc != 0) {
+		up->cc->s->w->stats.claims_store_errors++;
+		session_log(up->cc->s, LOG_WARNING,
+			    "claim check: the store refused a payload; publish refused");
+	}
+	if (!session_complete(up->cc->s, claim_check_up_done_in, up)) {
+		up->u = NULL;
+		claim_check_up_free(up); /* the session is closing */
+	}
+}
+
+static int claim_check_stream_begin(void *state, struct session *s, struct channel *ch,
+				    struct pipe_msg *m)
+{
+	struct claim_check *cc = state;
+	struct claim_check_up *up;
+
+	if (m->kind != PIPE_PUBLISH || m->body_size < (uint64_t)cc->threshold)
+		return 0;
+	up = calloc(1, sizeof(*up));
+	if (up == NULL)
+		return 0;
+	up->cc = cc;
+	up->m = m;
+	up->channel = ch->id;
+	up->u = claims_upload_begin(&cc->where, s->w, claim_check_up_progress,
+				    claim_check_up_done, up);
+	/* Without an upload the publish is refused at the end. */
+	up->next = cc->ups;
+	cc->ups = up;
+	return 1;
+}
+
+/* Bytes of an already framed body are kept as they are. */
+static int claim_check_keep(struct pipe_msg *m, const uint8_t *p, size_t len)
+{
+	if (m->body == NULL && (m->body = evbuffer_new()) == NULL)
+		return -1;
+	return evbuffer_add(m->body, p, len);
+}
+
+static int claim_check_stream_body(void *state, struct session *s, struct channel *ch,
+				   struct pipe_msg *m, const uint8_t *data, size_t len)
+{
+	struct claim_check_up *up = claim_check_up_of(state, m);
+
+	if (up == NULL)
+		return -1;
+	/* The first two bytes say whether the body is framed already. */
+	while (up->nprefix < 2 && len > 0) {
+		up->prefix[up->nprefix++] = *data++;
+		len--;
+		if (up->nprefix < 2)
+			continue;
+		if (up->prefix[0] == CLAIM_CHECK_MAGIC0 &&
+		    up->prefix[1] == CLAIM_CHECK_MAGIC1) {
+			up->framed = 1;
+			claims_upload_abandon(up->u);
+			up->u = NULL;
+			if (claim_check_keep(m, up->prefix, 2) != 0)
+				return -1;
+		} else if (up->u) {
+			claims_upload_write(up->u, up->prefix, 2);
+		}
+	}
+	if (len == 0)
+		return 0;
+	if (up->framed)
+		return claim_check_keep(m, data, len);
+	if (up->u == NULL || claims_upload_write(up->u, data, len) != 0)
+		return 0; /* refused at the end; the rest of the body is dropped */
+	if (!up->held && claims_upload_pending(up->u) >= CLAIM_CHECK_HIGH) {
+		up->held = 1;
+		session_hold(s, DIR_TO_BROKER);
+	}
+	return 0;
+}
+
+static enum pipe_verdict claim_check_publish(struct claim_check *cc, struct session *s,
+					     struct pipe_msg *m)
+{
+	struct claim_check_up *up = claim_check_up_of(cc, m);
+
+	if (up == NULL)
+		return PIPE_PASS;     /* below the threshold: untouched */
+	if (up->nprefix < 2 && up->u) /* a body of 0 or 1 bytes */
+		claims_upload_write(up->u, up->prefix, (size_t)up->nprefix);
+	up->waiting = 1;
+	if (up->framed) {
+		/* Kept as it is; waits for nothing, but goes through the same
+		 * completion so the message is disposed of in one place. */
+		m->body_dirty = 1;
+		if (m->body == NULL)
+			m->body = evbuffer_new();
+		up->waiting = 0;
+		claim_check_up_free(up);
+		return PIPE_PASS;
+	}
+	if (up->u == NULL || claims_upload_failed(up->u)) {
+		s->w->stats.claims_store_errors++;
+		claims_upload_abandon(up->u);
+		up->u = NULL;
+		if (up->held) {
+			up->held = 0;
+			session_unhold(s, DIR_TO_BROKER);
+		}
+		up->waiting = 0;
+		claim_check_up_free(up);
+		session_log(s, LOG_WARNING, "claim check: the store refused a payload");
+		return PIPE_REFUSE;
+	}
+	claims_upload_finish(up->u);
+	return PIPE_WAIT;
+}
+
+/* ---- delivery ------------------------------------------------------------ */
+
+static void claim_check_rd_end(struct session *s, struct claim_check_rd *rd,
+			       enum pipe_verdict v)
+{
+	struct channel *ch = session_channel(s, rd->channel);
+	struct pipe_msg *m = rd->m;
+
+	rd->m = NULL;
+	claims_read_abandon(rd->r);
+	rd->r = NULL;
+	claim_check_rd_free(rd);
+	if (ch == NULL) {
+		pipe_msg_free(m);
+		return;
+	}
+	pipeline_resume(s, ch, m, v);
+}
+
+static enum pipe_verdict claim_check_missing(struct claim_check *cc, struct session *s,
+					     const char *why, const char *key)
+{
+	s->w->stats.claims_missing++;
+	session_log(s, LOG_WARNING, "claim check: %s (key %.64s): %s", why, key,
+		    cc->on_missing == RULES_MISSING_PASS ? "delivered as it is"
+							 : "dead-lettered");
+	return cc->on_missing == RULES_MISSING_PASS ? PIPE_PASS : PIPE_REJECT;
+}
+
+struct claim_check_opened {
+	struct claim_check_rd *rd;
+	int rc;
+	uint64_t size;
+};
+
+static void claim_check_read_opened_in(struct session *s, void *arg)
+{
+	struct claim_check_opened *o = arg;
+	struct claim_check_rd *rd = o->rd;
+	struct channel *ch = session_channel(s, rd->channel);
+
+	if (rd->gone) {
+		/* Its channel closed: the broker has it back already. */
+		struct pipe_msg *m = rd->m;
+
+		rd->m = NULL;
+		claims_read_abandon(rd->r);
+		rd->r = NULL;
+		claim_check_rd_free(rd);
+		pipeline_stream_out_end(s, ch, m);
+		return;
+	}
+	if (o->rc == 1) {
+		claim_check_rd_end(
+		    s, rd, claim_check_missing(rd->cc, s, "payload not in the store", rd->key));
+		return;
+	}
+	if (o->rc != 0) {
+		s->w->stats.claims_store_errors++;
+		session_log(s, LOG_ERROR, "claim check: reading %s failed", rd->key);
+		claim_check_rd_end(s, rd, PIPE_REFUSE);
+		return;
+	}
+	if (pipeline_stream_out_begin(s, ch, rd->m, o->size) != 0) {
+		claim_check_rd_end(s, rd, PIPE_REFUSE);
+		return;
+	}
+	rd->started = 1;
+	claims_read_next(rd->r);
+}
+
+static void claim_check_read_opened(void *arg, int rc, uint64_t size)
+{
+	struct claim_check_rd *rd = arg;
+	struct claim_check_opened o = {rd, rc, size};
+
+	if (!session_complete(rd->cc->s, claim_check_read_opened_in, &o)) {
+		claims_read_abandon(rd->r);
+		rd->r = NULL;
+		claim_check_rd_free(rd);
+	}
+}
+
+struct claim_check_chunk {
+	struct claim_check_rd *rd;
+	int rc;
+	const uint8_t *data;
+	size_t len;
+};
+
+/* The payload is out (or cannot be): the delivery is finished. */
+static void claim_check_rd_finish(struct session *s, struct claim_check_rd *rd, int ok)
+{
+	struct channel *ch = session_channel(s, rd->channel);
+	struct pipe_msg *m = rd->m;
+
+	rd->m = NULL;
+	claims_read_abandon(rd->r);
+	rd->r = NULL;
+	claim_check_rd_free(rd);
+	if (!ok && ch) {
+		s->w->stats.claims_store_errors++;
+		session_channel_error(
+		    s, ch, 541,
+		    "INTERNAL_ERROR - the proxy could not read the message's payload", 60, 60);
+	} else if (ok) {
+		s->w->stats.claims_rehydrated++;
+	}
+	pipeline_stream_out_end(s, ch, m);
+}
+
+static void claim_check_read_chunk_in(struct session *s, void *arg)
+{
+	struct claim_check_chunk *c = arg;
+	struct claim_check_rd *rd = c->rd;
+	struct channel *ch = session_channel(s, rd->channel);
+
+	if (c->rc != 0 || ch == NULL ||
+	    (c->len && pipeline_stream_out(s, ch, rd->m, c->data, c->len) != 0)) {
+		session_log(s, LOG_ERROR, "claim check: reading %s failed mid-way", rd->key);
+		claim_check_rd_finish(s, rd, 0);
+		return;
+	}
+	if (c->len == 0) {
+		claim_check_rd_finish(s, rd, 1);
+		return;
+	}
+	/* At the client's pace: the next chunk once its output drains. */
+	if (pipeline_client_backlog(s) < (size_t)worker_settings.buffer_limit)
+		claims_read_next(rd->r);
+	else
+		rd->want_next = 1;
+}
+
+static void claim_check_read_chunk(void *arg, int rc, const uint8_t *data, size_t len)
+{
+	struct claim_check_rd *rd = arg;
+	struct claim_check_chunk c = {rd, rc, data, len};
+
+	if (!session_complete(rd->cc->s, claim_check_read_chunk_in, &c)) {
+		claims_read_abandon(rd->r);
+		rd->r = NULL;
+		claim_check_rd_free(rd);
+	}
+}
+
+static void claim_check_drained(void *state, struct session *s)
+{
+	struct claim_check *cc = state;
+	struct claim_check_rd *rd;
+
+	for (rd = cc->rds; rd; rd = rd->next)
+		if (rd->want_next &&
+		    pipeline_client_backlog(s) < (size_t)worker_settings.buffer_limit) {
+			rd->want_next = 0;
+			claims_read_next(rd->r);
+		}
+}
+
+static enum pipe_verdict claim_check_delivery(struct claim_check *cc, struct session *s,
+					      struct channel *ch, struct pipe_msg *m)
+{
+	uint8_t head[3];
+	size_t len = m->body ? evbuffer_get_length(m->body) : 0;
+	struct claim_check_rd *rd;
+	uint8_t key[CLAIM_CHECK_MAX_KEY + 4];
+	size_t klen;
+
+	if (len < 3 || evbuffer_copyout(m->body, head, 3) != 3 ||
+	    head[0] != CLAIM_CHECK_MAGIC0 || head[1] != CLAIM_CHECK_MAGIC1)
+		return PIPE_PASS;
+	if (head[2] == CLAIM_CHECK_INLINE) {
+		evbuffer_drain(m->body, 3);
+		m->body_dirty = 1;
+		s->w->stats.claims_inline_stripped++;
+		return PIPE_PASS;
+	}
+	if (head[2] != CLAIM_CHECK_REFERENCE)
+		return PIPE_PASS;
+	klen = len - 3;
+	if (klen > CLAIM_CHECK_MAX_KEY)
+		return PIPE_PASS; /* not a reference: too long for a key */
+	evbuffer_copyout(m->body, key, len);
+	memmove(key, key + 3, klen);
+	key[klen] = 0;
+	if (!claims_key_valid(key, klen)) {
+		s->w->stats.claims_bad_keys++;
+		return claim_check_missing(cc, s, "a key the store never issues", (char *)key);
+	}
+	rd = calloc(1, sizeof(*rd));
+	if (rd == NULL)
+		return PIPE_REFUSE;
+	rd->cc = cc;
+	rd->m = m;
+	rd->channel = ch->id;
+	memcpy(rd->key, key, CLAIMS_KEY_LEN + 1);
+	rd->next = cc->rds;
+	cc->rds = rd;
+	rd->r = claims_read_open(&cc->where, s->w, rd->key, claim_check_read_opened,
+				 claim_check_read_chunk, rd);
+	if (rd->r == NULL) {
+		rd->m = NULL;
+		claim_check_rd_free(rd);
+		return PIPE_REFUSE;
+	}
+	return PIPE_WAIT;
+}
+
+static enum pipe_verdict claim_check_message(void *state, struct session *s, struct channel *ch,
+					     struct pipe_msg *m)
+{
+	if (m->kind == PIPE_PUBLISH)
+		return claim_check_publish(state, s, m);
+	return claim_check_delivery(state, s, ch, m);
+}
+
+static void claim_check_channel_closed(void *state, struct session *s, struct channel *ch)
+{
+	struct claim_check *cc = state;
+	struct claim_check_up *up, *next;
+	struct claim_check_rd *rd;
+
+	for (up = cc->ups; up; up = next) {
+		next = up->next;
+		if (up->channel != ch->id)
+			continue;
+		if (up->waiting) {
+			up->gone = 1; /* finished, without a word, when the store answers */
+			continue;
+		}
+		/* Still streaming: the channel frees the message. */
+		claims_upload_abandon(up->u);
+		if (up->held)
+			session_unhold(s, DIR_TO_BROKER);
+		claim_check_up_free(up);
+	}
+	for (rd = cc->rds; rd; rd = rd->next)
+		if (rd->channel == ch->id)
+			rd->gone = 1;
+}
+
+static const struct pipe_hook claim_check_hook = {
+    .name = "claim_check",
+    .attach = claim_check_attach,
+    .detach = claim_check_detach,
+    .wants = claim_check_wants,
+    .header_want = claim_check_header_want,
+    .stream_begin = claim_check_stream_begin,
+    .stream_body = claim_check_stream_body,
+    .message = claim_check_message,
+    .channel_closed = claim_check_channel_closed,
+    .drained = claim_check_drained,
+};
+
+void claim_check_register(void)
+{
+	pipeline_register(&claim_check_hook);
+}

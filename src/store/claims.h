@@ -1,0 +1,75 @@
+/* claims: where claim-check payloads live, per vhost: in the state layer
+ * (LMDB, the default) or in a filesystem directory. Payloads are written
+ * in chunks as they arrive and read back in chunks; every write, fsync and
+ * read runs off the workers' loops, and each result comes back to the
+ * worker that asked. */
+#ifndef ACEMQ_CLAIMS_H
+#define ACEMQ_CLAIMS_H
+
+#include "../worker.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct state;
+struct rules_claim_check;
+
+#define CLAIMS_KEY_LEN 32         /* 128 random bits as lowercase hex */
+#define CLAIMS_CHUNK   (1u << 20) /* bytes per stored chunk and per read */
+
+/* Where a vhost's payloads go (copied: rules may be reloaded meanwhile). */
+struct claims_where {
+	int filesystem;
+	char name[300]; /* LMDB: the database name; filesystem: the directory */
+};
+
+void claims_init(struct state *st);
+/* The store of vhost under rule cc. */
+void claims_where(struct claims_where *out, const char *vhost,
+		  const struct rules_claim_check *cc);
+/* Only the form claims_key_new issues: 32 lowercase hex digits. */
+int claims_key_valid(const uint8_t *key, size_t len);
+
+/* ---- writing a payload ---- */
+
+struct claims_upload;
+/* progress: chunks became durable (or failed); done: the whole payload is
+ * durable (rc 0) or not (rc < 0), the last callback: the upload is freed
+ * after it. Both run on w's loop, never after claims_upload_abandon
+ * (which a callback may call). */
+struct claims_upload *claims_upload_begin(const struct claims_where *where, struct worker *w,
+					  void (*progress)(void *arg),
+					  void (*done)(void *arg, int rc), void *arg);
+/* Append payload bytes (copied). -1 when the upload already failed. */
+int claims_upload_write(struct claims_upload *u, const void *data, size_t len);
+/* No more bytes: make the payload durable under its key, then done(). */
+void claims_upload_finish(struct claims_upload *u);
+/* Bytes handed over and not yet durable. */
+size_t claims_upload_pending(const struct claims_upload *u);
+const char *claims_upload_key(const struct claims_upload *u);
+int claims_upload_failed(const struct claims_upload *u);
+/* The owner lets go: no more callbacks; an unfinished payload is removed;
+ * the memory goes when the last store operation has returned. */
+void claims_upload_abandon(struct claims_upload *u);
+
+/* ---- reading a payload ---- */
+
+struct claims_read;
+/* opened: rc 0 and the payload's size, STATE_NOTFOUND-like rc 1 when the
+ * key is not in the store, rc < 0 on an error. chunk: the next piece
+ * (len 0 at the end), rc < 0 on an error. Run on w's loop. */
+struct claims_read *
+claims_read_open(const struct claims_where *where, struct worker *w, const char *key,
+		 void (*opened)(void *arg, int rc, uint64_t size),
+		 void (*chunk)(void *arg, int rc, const uint8_t *data, size_t len), void *arg);
+/* Ask for the next chunk (after opened, and after each chunk). */
+void claims_read_next(struct claims_read *r);
+void claims_read_abandon(struct claims_read *r);
+
+/* ---- operator views ---- */
+
+/* Blocking (admin thread or a jobs thread): is key there, how big, how old. */
+int claims_stat(const struct claims_where *where, const char *key, uint64_t *size,
+		uint64_t *created_ms);
+
+#endif
