@@ -22,8 +22,8 @@
 #define CLAIM_CHECK_REFERENCE  0x01
 #define CLAIM_CHECK_MAX_KEY    255                /* what a reference may carry */
 #define CLAIM_CHECK_INLINE_MIN 65536              /* inline bodies looked at, at least */
-#define CLAIM_CHECK_HIGH       (8u * 1024 * 1024) /* upload backlog that pauses the client */
-#define CLAIM_CHECK_LOW        (2u * 1024 * 1024)
+#define CLAIM_CHECK_HIGH       (4u * 1024 * 1024) /* upload backlog that pauses the client */
+#define CLAIM_CHECK_LOW        (1u * 1024 * 1024)
 
 /* A publish whose body goes to the store. While streaming, m belongs to
  * its channel; once the publish waits for durability it belongs here. */
