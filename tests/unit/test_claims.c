@@ -1,0 +1,375 @@
+/* test_claims: the claim stores over a real LMDB environment and a real
+ * directory: keys, uploads in pieces read back identical, a payload that
+ * does not fit failing without leaving a part behind, an abandoned upload
+ * cleaned away, a missing key, the filesystem store's all-or-nothing file. */
+#include "tests/unit/unit.h"
+
+#include "src/jobs.h"
+#include "src/rules.h"
+#include "src/store/claims.h"
+#include "src/store/state.h"
+#include "src/worker.h"
+
+#include <check.h>
+#include <dirent.h>
+#include <event2/event.h>
+#include <event2/thread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static struct worker tw;
+static char tdir[64], fsdir[128];
+static struct state *st;
+
+struct probe {
+	int done, rc, opened, open_rc, chunks, progress;
+	uint64_t size;
+	uint8_t *got;
+	size_t len;
+	struct claims_read *r;
+	char key[CLAIMS_KEY_LEN + 1];
+};
+
+static void pump_until(int *flag)
+{
+	int spins = 0;
+
+	while (!*flag && spins++ < 20000) {
+		event_base_loop(tw.base, EVLOOP_NONBLOCK);
+		worker_run_posted(&tw);
+		usleep(200);
+	}
+	ck_assert_msg(*flag, "no completion");
+}
+
+static void pump_a_while(void)
+{
+	int i;
+
+	for (i = 0; i < 200; i++) {
+		event_base_loop(tw.base, EVLOOP_NONBLOCK);
+		worker_run_posted(&tw);
+		usleep(1000);
+	}
+}
+
+static void on_progress(void *arg)
+{
+	((struct probe *)arg)->progress++;
+}
+
+static void on_done(void *arg, int rc)
+{
+	struct probe *p = arg;
+
+	p->done = 1;
+	p->rc = rc;
+}
+
+static void on_opened(void *arg, int rc, uint64_t size)
+{
+	struct probe *p = arg;
+
+	p->open_rc = rc;
+	p->size = size;
+	if (rc == 0)
+		claims_read_next(p->r);
+	else
+		p->opened = 1;
+}
+
+static void on_chunk(void *arg, int rc, const uint8_t *data, size_t len)
+{
+	struct probe *p = arg;
+
+	ck_assert_int_eq(rc, 0);
+	if (len == 0) {
+		p->opened = 1;
+		return;
+	}
+	p->got = realloc(p->got, p->len + len);
+	memcpy(p->got + p->len, data, len);
+	p->len += len;
+	p->chunks++;
+	claims_read_next(p->r);
+}
+
+static void setup_with(uint64_t map)
+{
+	struct state_settings set = {tdir, map, 1};
+	char err[256];
+
+	evthread_use_pthreads();
+	snprintf(tdir, sizeof(tdir), "/tmp/acemq-test-claims-XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(tdir));
+	snprintf(fsdir, sizeof(fsdir), "%s/fs", tdir);
+	ck_assert_int_eq(mkdir(fsdir, 0700), 0);
+	ck_assert_int_eq(worker_init(&tw, 0), 0);
+	ck_assert_int_eq(jobs_start(2), 0);
+	st = state_open(&set, err, sizeof(err));
+	ck_assert_msg(st != NULL, "%s", err);
+	claims_init(st);
+}
+
+static void setup(void)
+{
+	setup_with(64 << 20);
+}
+
+static void setup_tiny(void)
+{
+	setup_with(1 << 20);
+}
+
+static void teardown(void)
+{
+	char cmd[128];
+
+	jobs_stop();
+	state_close(st);
+	worker_run_posted(&tw);
+	worker_fini(&tw);
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", tdir);
+	ck_assert_int_eq(system(cmd), 0);
+}
+
+static void where(struct claims_where *w, int fs, const char *vhost)
+{
+	struct rules_claim_check cc = {0};
+
+	cc.store = fs ? RULES_STORE_FILESYSTEM : RULES_STORE_LMDB;
+	cc.store_path = fsdir;
+	claims_where(w, vhost, &cc);
+}
+
+static uint8_t *pattern(size_t n)
+{
+	uint8_t *b = malloc(n);
+	size_t i;
+
+	for (i = 0; i < n; i++)
+		b[i] = (uint8_t)(i * 31 + (i >> 11));
+	return b;
+}
+
+/* Upload n bytes in uneven pieces; returns the probe (key filled). */
+static void upload(struct claims_where *w, const uint8_t *data, size_t n, struct probe *p)
+{
+	struct claims_upload *u = claims_upload_begin(w, &tw, on_progress, on_done, p);
+	size_t off = 0, step = 1;
+
+	ck_assert_ptr_nonnull(u);
+	snprintf(p->key, sizeof(p->key), "%s", claims_upload_key(u));
+	ck_assert(claims_key_valid((const uint8_t *)p->key, strlen(p->key)));
+	while (off < n) {
+		size_t k = step < n - off ? step : n - off;
+
+		claims_upload_write(u, data + off, k);
+		off += k;
+		step = step * 7 + 13;
+		if (step > 300000)
+			step = 1;
+	}
+	claims_upload_finish(u);
+	pump_until(&p->done);
+}
+
+static void read_back(struct claims_where *w, const char *key, struct probe *p)
+{
+	p->r = claims_read_open(w, &tw, key, on_opened, on_chunk, p);
+	ck_assert_ptr_nonnull(p->r);
+	pump_until(&p->opened);
+	claims_read_abandon(p->r);
+}
+
+static int count_keys(void *arg, const void *k, size_t klen, const void *v, size_t vlen)
+{
+	(*(int *)arg)++;
+	return 0;
+}
+
+START_TEST(test_keys)
+{
+	ck_assert(claims_key_valid((const uint8_t *)"0123456789abcdef0123456789abcdef", 32));
+	ck_assert(!claims_key_valid((const uint8_t *)"0123456789ABCDEF0123456789abcdef", 32));
+	ck_assert(!claims_key_valid((const uint8_t *)"0123456789abcdef0123456789abcde", 31));
+	ck_assert(!claims_key_valid((const uint8_t *)"../../etc/passwd", 16));
+	ck_assert(!claims_key_valid((const uint8_t *)"../../etc/passwd../../etc/passwd", 32));
+	ck_assert(!claims_key_valid((const uint8_t *)"", 0));
+}
+END_TEST
+
+static void round_trip(int fs)
+{
+	struct claims_where w;
+	size_t n = (5u << 20) / 2 + 3;
+	uint8_t *data = pattern(n);
+	struct probe up = {0}, rd = {0};
+
+	where(&w, fs, "/");
+	upload(&w, data, n, &up);
+	ck_assert_int_eq(up.rc, 0);
+	read_back(&w, up.key, &rd);
+	ck_assert_int_eq(rd.open_rc, 0);
+	ck_assert_uint_eq(rd.size, n);
+	ck_assert_uint_eq(rd.len, n);
+	ck_assert(memcmp(rd.got, data, n) == 0);
+	ck_assert_int_ge(rd.chunks, 3);
+	free(rd.got);
+	free(data);
+}
+
+START_TEST(test_lmdb_round_trip)
+{
+	round_trip(0);
+}
+END_TEST
+
+START_TEST(test_filesystem_round_trip)
+{
+	struct claims_where w;
+	char path[256];
+	FILE *f;
+	size_t n = 100001;
+	uint8_t *data = pattern(n), *file = malloc(n + 1);
+	struct probe up = {0};
+	struct dirent *e;
+	DIR *d;
+
+	round_trip(1);
+	where(&w, 1, "/");
+	upload(&w, data, n, &up);
+	ck_assert_int_eq(up.rc, 0);
+	/* Exactly the payload, under exactly the key. */
+	snprintf(path, sizeof(path), "%s/%s", fsdir, up.key);
+	f = fopen(path, "rb");
+	ck_assert_ptr_nonnull(f);
+	ck_assert_uint_eq(fread(file, 1, n + 1, f), n);
+	fclose(f);
+	ck_assert(memcmp(file, data, n) == 0);
+	/* No partial file is left. */
+	d = opendir(fsdir);
+	while ((e = readdir(d)) != NULL)
+		ck_assert_msg(
+		    strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0 ||
+			claims_key_valid((const uint8_t *)e->d_name, strlen(e->d_name)),
+		    "left %s", e->d_name);
+	closedir(d);
+	free(file);
+	free(data);
+}
+END_TEST
+
+START_TEST(test_missing_key_and_other_vhost)
+{
+	struct claims_where w, other;
+	uint8_t data[10] = "0123456789";
+	struct probe up = {0}, rd = {0}, rd2 = {0}, rd3 = {0};
+
+	where(&w, 0, "a");
+	where(&other, 0, "b");
+	upload(&w, data, sizeof(data), &up);
+	ck_assert_int_eq(up.rc, 0);
+	read_back(&w, "0123456789abcdef0123456789abcdef", &rd);
+	ck_assert_int_eq(rd.open_rc, 1);
+	/* A key of vhost a names nothing in vhost b. */
+	read_back(&other, up.key, &rd2);
+	ck_assert_int_eq(rd2.open_rc, 1);
+	read_back(&w, up.key, &rd3);
+	ck_assert_int_eq(rd3.open_rc, 0);
+	ck_assert_uint_eq(rd3.len, sizeof(data));
+	free(rd3.got);
+}
+END_TEST
+
+START_TEST(test_full_store_leaves_nothing)
+{
+	struct claims_where w;
+	size_t n = 4u << 20;
+	uint8_t *data = pattern(n);
+	struct probe up = {0}, rd = {0}, ok = {0};
+	int keys = 0;
+	uint64_t size, created;
+
+	where(&w, 0, "/");
+	upload(&w, data, n, &up);
+	ck_assert_int_lt(up.rc, 0);
+	pump_a_while(); /* the cleanup of what did fit */
+	ck_assert_int_eq(claims_stat(&w, up.key, &size, &created), 1);
+	read_back(&w, up.key, &rd);
+	ck_assert_int_eq(rd.open_rc, 1);
+	ck_assert_int_eq(state_scan(st, w.name, NULL, 0, count_keys, &keys), STATE_OK);
+	ck_assert_int_eq(keys, 0);
+	/* A payload that fits still goes in. */
+	upload(&w, data, 1000, &ok);
+	ck_assert_int_eq(ok.rc, 0);
+	ck_assert_int_eq(claims_stat(&w, ok.key, &size, &created), 0);
+	ck_assert_uint_eq(size, 1000);
+	free(data);
+}
+END_TEST
+
+START_TEST(test_abandoned_upload_cleaned)
+{
+	struct claims_where w;
+	size_t n = 3u << 20;
+	uint8_t *data = pattern(n);
+	struct probe p = {0};
+	struct claims_upload *u;
+	int keys = 0;
+
+	where(&w, 0, "/");
+	u = claims_upload_begin(&w, &tw, on_progress, on_done, &p);
+	claims_upload_write(u, data, n); /* three chunks handed over */
+	claims_upload_abandon(u);        /* the client vanished */
+	pump_a_while();
+	ck_assert_int_eq(p.done, 0); /* no callback after abandon */
+	ck_assert_int_eq(state_scan(st, w.name, NULL, 0, count_keys, &keys), STATE_OK);
+	ck_assert_int_eq(keys, 0);
+	free(data);
+}
+END_TEST
+
+START_TEST(test_filesystem_bad_directory)
+{
+	struct claims_where w;
+	struct probe up = {0};
+	uint8_t data[100] = {0};
+
+	where(&w, 1, "/");
+	snprintf(w.name, sizeof(w.name), "%s/no-such-dir", fsdir);
+	upload(&w, data, sizeof(data), &up);
+	ck_assert_int_lt(up.rc, 0);
+}
+END_TEST
+
+int main(void)
+{
+	TCase *tc = tcase_create("claims"), *tiny = tcase_create("claims-tiny-map");
+	Suite *s = suite_create("claims");
+	SRunner *sr;
+	int failed;
+
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, test_keys);
+	tcase_add_test(tc, test_lmdb_round_trip);
+	tcase_add_test(tc, test_filesystem_round_trip);
+	tcase_add_test(tc, test_missing_key_and_other_vhost);
+	tcase_add_test(tc, test_abandoned_upload_cleaned);
+	tcase_add_test(tc, test_filesystem_bad_directory);
+	tcase_add_checked_fixture(tiny, setup_tiny, teardown);
+	tcase_set_timeout(tiny, 60);
+	tcase_add_test(tiny, test_full_store_leaves_nothing);
+	suite_add_tcase(s, tc);
+	suite_add_tcase(s, tiny);
+	sr = srunner_create(s);
+	srunner_set_fork_status(sr, CK_NOFORK);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
