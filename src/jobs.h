@@ -16,6 +16,7 @@ struct job {
 	struct job *next;
 };
 
+/* nthreads 0: run each job at once on the submitting thread (tests). */
 int jobs_start(int nthreads);
 void jobs_stop(void);
 /* Run j->run on a jobs thread, then j->call.fn on j->w's loop. */

@@ -2,8 +2,9 @@
  * client bytes, broker bytes, the broker connect completing or failing,
  * either peer closing or resetting, timers and read timeouts firing, rules
  * reloads. Both legs are socketpairs run by a real worker's event loop with
- * the real session, channel, pipeline and transport code, the reply_to
- * pattern and the test hook attached. A scripted broker answers the
+ * the real session, channel, pipeline and transport code, the reply_to and
+ * claim_check patterns (a filesystem store; store jobs run inline and
+ * complete later on the loop) and the test hook attached. A scripted broker answers the
  * handshake so inputs reach OPEN and the pipeline quickly.
  *
  * Invariants checked beyond ASan/UBSan: once both peers have gone and the
@@ -13,6 +14,7 @@
 #include "amqp/frame_scan.h"
 #include "amqp/method.h"
 #include "src/hooks.h"
+#include "src/jobs.h"
 #include "src/log.h"
 #include "src/rules.h"
 #include "src/session.h"
@@ -101,6 +103,10 @@ static struct transport *fuzz_connect(struct event_base *base, const struct sock
 	return t;
 }
 
+#define FUZZ_CLAIM_KEY "0123456789abcdef0123456789abcdef"
+
+static char fuzz_claims[64];
+
 static char *fuzz_rules_dir(const char *json)
 {
 	char tmpl[] = "/tmp/fuzz-session-rules-XXXXXX", path[4200];
@@ -159,8 +165,30 @@ static void fuzz_init(void)
 	worker_settings.connect = fuzz_connect;
 	if (worker_init(&fz.w, 0) != 0)
 		abort();
-	fz.rules[0] = fuzz_rules("{\"vhost\": \"/\", \"reply_to\": {\"enabled\": true}}");
+	/* A claim store with one payload in it, for references to find. */
+	snprintf(fuzz_claims, sizeof(fuzz_claims), "/tmp/fuzz-session-claims-XXXXXX");
+	if (mkdtemp(fuzz_claims) == NULL || jobs_start(0) != 0)
+		abort();
+	{
+		char path[128], json[512];
+		FILE *f;
+
+		snprintf(path, sizeof(path), "%s/%s", fuzz_claims, FUZZ_CLAIM_KEY);
+		f = fopen(path, "w");
+		if (f == NULL)
+			abort();
+		fputs("the payload of a claim check", f);
+		fclose(f);
+		snprintf(json, sizeof(json),
+			 "{\"vhost\": \"/\", \"reply_to\": {\"enabled\": true}, "
+			 "\"claim_check\": {\"match\": [{\"exchange\": \"*\"}], \"threshold\": "
+			 "1000, \"on_missing\": \"dead-letter\", "
+			 "\"store\": {\"type\": \"filesystem\", \"path\": \"%s\"}}}",
+			 fuzz_claims);
+		fz.rules[0] = fuzz_rules(json);
+	}
 	fz.rules[1] = fuzz_rules(NULL);
+	worker_set_rules(&fz.w, fz.rules[0]); /* in force from the first loop turn */
 	fz.from_proxy = evbuffer_new();
 	fz.ready = 1;
 }
@@ -214,8 +242,24 @@ static void fuzz_body(struct evbuffer *b, uint16_t ch, uint8_t p, const char *rk
 		props.headers.num_entries = 1;
 		props.headers.entries = &e;
 	}
-	for (i = 0; i < len; i++)
-		evbuffer_add(body, "x", 1);
+	if ((p & 0x30) == 0x30) {
+		/* A claim check: to the stored payload, a missing one, or a
+		 * key the store never issues; or an inline-framed body. */
+		static const uint8_t ref[3] = {0xAC, 0x01, 0x01}, inl[3] = {0xAC, 0x01, 0x00};
+
+		evbuffer_add(body, p & 0x40 ? inl : ref, 3);
+		evbuffer_add(body,
+			     p & 2   ? FUZZ_CLAIM_KEY
+			     : p & 4 ? "../../etc/passwd"
+				     : "f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0",
+			     p & 2   ? 32
+			     : p & 4 ? 16
+				     : 32);
+		len = evbuffer_get_length(body);
+	} else {
+		for (i = 0; i < len; i++)
+			evbuffer_add(body, "x", 1);
+	}
 	content_header_write(b, ch, 60, len, &props);
 	content_body_write(b, ch, body, p & 8 ? 4096 : 131072);
 	evbuffer_free(body);

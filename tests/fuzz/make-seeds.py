@@ -156,3 +156,15 @@ os.makedirs(os.path.join(here, "corpus", "session"), exist_ok=True)
 for name, data in session_seeds.items():
     with open(os.path.join(here, "corpus", "session", name), "wb") as f:
         f.write(data)
+session_seeds_cc = {
+    "claim-offload": HANDSHAKE + cf(4, 0) + cf(5, 0) + cf(6, 15) + cf(6, 0x8c) + cf(6, 0x30)
+    + cf(6, 2) + cf(13),
+    "claim-rehydrate": HANDSHAKE + cf(4, 0) + cf(7, 9) + bf(5, 0x36) + bf(5, 0x30) + bf(5, 0x72)
+    + bf(5, 0x3c) + cf(8, 4) + cf(11, 0) + bf(6, 0x36) + bf(9, 0x36) + cf(13),
+    "claim-rehydrate-slow-client": HANDSHAKE + cf(4, 0) + cf(7, 9) + bytes([CLIENT_READING])
+    + bf(5, 0x36) * 4 + bytes([CLIENT_CLOSE]),
+    "claim-offload-client-vanishes": HANDSHAKE + cf(4, 0) + cf(6, 200) + bytes([CLIENT_CLOSE]),
+}
+for name, data in session_seeds_cc.items():
+    with open(os.path.join(here, "corpus", "session", name), "wb") as f:
+        f.write(data)
