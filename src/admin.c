@@ -3,7 +3,9 @@
 
 #include "config.h"
 #include "log.h"
+#include "rules.h"
 #include "stats.h"
+#include "store/claims.h"
 #include "worker.h"
 
 #include <event2/buffer.h>
@@ -11,12 +13,135 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/time.h>
 
 static struct evhttp *admin_http;
 static const struct config *admin_cfg;
 static struct worker *admin_workers;
 static int admin_nworkers;
 static admin_reload_fn admin_reload_cb;
+static admin_rules_fn admin_rules_cb;
+
+static void admin_json(struct evhttp_request *req, int code, const char *reason,
+		       struct evbuffer *out)
+{
+	evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
+			  "application/json");
+	evhttp_send_reply(req, code, reason, out);
+}
+
+static void admin_json_str(struct evbuffer *out, const char *s)
+{
+	evbuffer_add(out, "\"", 1);
+	for (; *s; s++) {
+		if (*s == '"' || *s == '\\')
+			evbuffer_add_printf(out, "\\%c", *s);
+		else if ((unsigned char)*s < 0x20)
+			evbuffer_add_printf(out, "\\u%04x", *s);
+		else
+			evbuffer_add(out, s, 1);
+	}
+	evbuffer_add(out, "\"", 1);
+}
+
+/* GET /claims/VHOST/KEY: is the payload in the vhost's store, how large and
+ * how old; never the payload itself. */
+static void admin_claims(struct evhttp_request *req, const char *rest)
+{
+	struct evbuffer *out = evbuffer_new();
+	const char *slash = strrchr(rest, '/');
+	char *vhost = NULL, *key = NULL;
+	struct rules *r = NULL;
+	const struct rules_vhost *v;
+	struct claims_where where;
+	uint64_t size = 0, created = 0;
+	int rc;
+
+	if (slash == NULL || slash == rest) {
+		evbuffer_add_printf(out, "{\"error\": \"use /claims/VHOST/KEY\"}\n");
+		admin_json(req, 400, "Bad Request", out);
+		goto out;
+	}
+	{
+		/* VHOST is percent-encoded ("/" is %2F): decode it alone. */
+		char *raw = strndup(rest, (size_t)(slash - rest));
+
+		vhost = raw ? evhttp_uridecode(raw, 0, NULL) : NULL;
+		free(raw);
+	}
+	key = evhttp_uridecode(slash + 1, 0, NULL);
+	if (vhost == NULL || key == NULL) {
+		admin_json(req, 500, "Internal Server Error", out);
+		goto out;
+	}
+	r = admin_rules_cb ? admin_rules_cb() : NULL;
+	v = r ? rules_vhost(r, vhost) : NULL;
+	evbuffer_add_printf(out, "{\"vhost\": ");
+	admin_json_str(out, vhost);
+	evbuffer_add_printf(out, ", \"key\": ");
+	admin_json_str(out, key);
+	if (v == NULL || !v->claim_check.enabled) {
+		evbuffer_add_printf(out,
+				    ", \"present\": false, \"error\": \"no claim_check rule "
+				    "for this vhost\"}\n");
+		admin_json(req, 404, "Not Found", out);
+		goto out;
+	}
+	if (!claims_key_valid((const uint8_t *)key, strlen(key))) {
+		evbuffer_add_printf(out, ", \"present\": false, \"error\": \"not a key this "
+					 "store issues\"}\n");
+		admin_json(req, 400, "Bad Request", out);
+		goto out;
+	}
+	claims_where(&where, vhost, &v->claim_check);
+	rc = claims_stat(&where, key, &size, &created);
+	evbuffer_add_printf(out, ", \"store\": \"%s\"",
+			    where.filesystem ? "filesystem" : "lmdb");
+	if (rc == 0) {
+		struct timeval tv;
+		uint64_t now;
+
+		gettimeofday(&tv, NULL);
+		now = (uint64_t)tv.tv_sec * 1000 + (uint64_t)tv.tv_usec / 1000;
+		evbuffer_add_printf(
+		    out,
+		    ", \"present\": true, \"size\": %llu, \"age_s\": %llu, "
+		    "\"retention_s\": %ld}\n",
+		    (unsigned long long)size,
+		    (unsigned long long)(now > created ? (now - created) / 1000 : 0),
+		    v->claim_check.retention_s);
+		admin_json(req, 200, "OK", out);
+	} else if (rc == 1) {
+		evbuffer_add_printf(out, ", \"present\": false}\n");
+		admin_json(req, 404, "Not Found", out);
+	} else {
+		evbuffer_add_printf(out,
+				    ", \"present\": null, \"error\": \"the store could not "
+				    "be read\"}\n");
+		admin_json(req, 503, "Service Unavailable", out);
+	}
+out:
+	rules_unref(r);
+	free(vhost);
+	free(key);
+	evbuffer_free(out);
+}
+
+static void admin_other(struct evhttp_request *req, void *arg)
+{
+	const char *path = evhttp_uri_get_path(evhttp_request_get_evhttp_uri(req));
+	struct evbuffer *out;
+
+	if (path && strncmp(path, "/claims/", 8) == 0 &&
+	    evhttp_request_get_command(req) == EVHTTP_REQ_GET) {
+		admin_claims(req, path + 8);
+		return;
+	}
+	out = evbuffer_new();
+	evbuffer_add_printf(out, "not found\n");
+	evhttp_send_reply(req, 404, "Not Found", out);
+	evbuffer_free(out);
+}
 
 static void admin_reload(struct evhttp_request *req, void *arg)
 {
@@ -93,7 +218,8 @@ static void admin_health(struct evhttp_request *req, void *arg)
 }
 
 int admin_open(struct event_base *base, const char *addr, const struct config *cfg,
-	       struct worker *workers, int nworkers, admin_reload_fn reload)
+	       struct worker *workers, int nworkers, admin_reload_fn reload,
+	       admin_rules_fn rules)
 {
 	char host[256];
 	int port;
@@ -102,6 +228,7 @@ int admin_open(struct event_base *base, const char *addr, const struct config *c
 	admin_workers = workers;
 	admin_nworkers = nworkers;
 	admin_reload_cb = reload;
+	admin_rules_cb = rules;
 	if (config_addr_split(addr, host, sizeof(host), &port) != 0) {
 		log_error("admin %s: not HOST:PORT", addr);
 		return -1;
@@ -115,6 +242,7 @@ int admin_open(struct event_base *base, const char *addr, const struct config *c
 	evhttp_set_cb(admin_http, "/config", admin_config, NULL);
 	evhttp_set_cb(admin_http, "/health", admin_health, NULL);
 	evhttp_set_cb(admin_http, "/reload", admin_reload, NULL);
+	evhttp_set_gencb(admin_http, admin_other, NULL);
 	log_info("admin endpoint on %s", addr);
 	return 0;
 }

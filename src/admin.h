@@ -5,12 +5,17 @@
 struct event_base;
 struct config;
 struct worker;
+struct rules;
 
 /* Reload the rules; 0, or -1 with the errors in errors (malloc'd). */
 typedef int (*admin_reload_fn)(char **errors);
 
+/* The rules in force, with a reference for the caller. */
+typedef struct rules *(*admin_rules_fn)(void);
+
 int admin_open(struct event_base *base, const char *addr, const struct config *cfg,
-	       struct worker *workers, int nworkers, admin_reload_fn reload);
+	       struct worker *workers, int nworkers, admin_reload_fn reload,
+	       admin_rules_fn rules);
 void admin_close(void);
 
 #endif

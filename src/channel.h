@@ -34,13 +34,16 @@ struct channel {
 	struct tagmap tags;
 	struct confirmmap confirms;
 	int confirm_mode;
-	int proxy_closing;  /* the proxy sent channel.close to both sides */
+	int proxy_closing;  /* the proxy closes it: close-oks still awaited */
 	int get_no_ack;     /* no_ack of the basic.get awaiting its answer */
 	int consume_no_ack; /* no_ack of a basic.consume awaiting consume-ok */
 	struct chan_consumer *consumers;
 	int nconsumers;
 	void *hook_state[4]; /* one slot per attached hook */
 };
+
+/* proxy_closing: whose close-ok the proxy still waits for. */
+enum { CHAN_CLOSING_BROKER = 1, CHAN_CLOSING_CLIENT = 2 };
 
 struct channel *channel_new(uint16_t id);
 void channel_free(struct channel *ch);

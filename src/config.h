@@ -37,7 +37,9 @@
 	  "1: every commit is fsynced; 0: not (survives a crash of the proxy, not of the "    \
 	  "host)")                                                                            \
 	X(IO_THREADS, "io_threads", CFG_INT, "4", 1, 64,                                      \
-	  "threads for store reads and filesystem writes")
+	  "threads for store reads and filesystem writes")                                    \
+	X(PURGE_INTERVAL_S, "purge_interval_s", CFG_INT, "3600", 0, 86400,                    \
+	  "how often claim payloads past their retention are removed (0: never)")
 
 enum config_id {
 #define CONFIG_ENUM(id, name, type, def, min, max, help) CFG_##id,

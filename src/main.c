@@ -2,6 +2,7 @@
 #include "admin.h"
 #include "config.h"
 #include "hooks.h"
+#include "janitor.h"
 #include "jobs.h"
 #include "listener.h"
 #include "log.h"
@@ -15,6 +16,7 @@
 #include <event2/event.h>
 #include <event2/thread.h>
 #include <netdb.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +28,20 @@ static struct worker *main_workers;
 static int main_nworkers;
 static int main_stopping;
 static const char *main_rules_dir;
+static struct rules *main_rules; /* the set in force, for the admin view */
+static pthread_mutex_t main_rules_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static struct rules *main_rules_get(void)
+{
+	struct rules *r;
+
+	pthread_mutex_lock(&main_rules_lock);
+	r = main_rules;
+	if (r)
+		rules_ref(r);
+	pthread_mutex_unlock(&main_rules_lock);
+	return r;
+}
 
 /* Load the rules directory and hand the set to every worker; on any error
  * the workers keep the set they have. */
@@ -62,6 +78,12 @@ static int main_load_rules(char **errors)
 	free(text);
 	for (i = 0; i < main_nworkers; i++)
 		worker_set_rules(&main_workers[i], r);
+	janitor_set_rules(r);
+	rules_ref(r);
+	pthread_mutex_lock(&main_rules_lock);
+	rules_unref(main_rules);
+	main_rules = r;
+	pthread_mutex_unlock(&main_rules_lock);
 	if (main_nworkers)
 		__atomic_add_fetch(&main_workers[0].stats.rules_reloads, 1, __ATOMIC_RELAXED);
 	log_info("rules: %d vhost%s from %s", r->n, r->n == 1 ? "" : "s",
@@ -208,13 +230,18 @@ int main(int argc, char **argv)
 	}
 	if (main_load_rules(NULL) != 0)
 		return 1;
+	janitor_startup(main_rules);
+	if (janitor_start(config_num(&cfg, CFG_PURGE_INTERVAL_S)) != 0) {
+		log_error("cannot start the janitor thread");
+		return 1;
+	}
 	base = event_base_new();
 	if (listener_open(base, cfg.v[CFG_LISTEN].list, cfg.v[CFG_LISTEN].nlist, main_workers,
 			  main_nworkers, config_num(&cfg, CFG_MAX_CONNECTIONS)) != 0)
 		return 1;
 	if (config_str(&cfg, CFG_ADMIN)[0] &&
 	    admin_open(base, config_str(&cfg, CFG_ADMIN), &cfg, main_workers, main_nworkers,
-		       main_load_rules) != 0)
+		       main_load_rules, main_rules_get) != 0)
 		return 1;
 	sigterm = evsignal_new(base, SIGTERM, main_stop_cb, base);
 	sigint = evsignal_new(base, SIGINT, main_stop_cb, base);
@@ -231,8 +258,10 @@ int main(int argc, char **argv)
 	 * completions are run before the workers are freed. */
 	for (i = 0; i < main_nworkers; i++)
 		pthread_join(main_workers[i].thread, NULL);
+	janitor_stop();
 	jobs_stop();
 	state_close(state);
+	rules_unref(main_rules);
 	for (i = 0; i < main_nworkers; i++) {
 		worker_run_posted(&main_workers[i]);
 		worker_fini(&main_workers[i]);

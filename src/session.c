@@ -595,7 +595,8 @@ void session_channel_error(struct session *s, struct channel *ch, uint16_t code,
 	 * dropped on the way back. */
 	if (to_broker)
 		method_write_channel_close(to_broker, ch->id, code, text, class_id, method_id);
-	ch->proxy_closing = 1;
+	ch->proxy_closing =
+	    (to_client ? CHAN_CLOSING_CLIENT : 0) | (to_broker ? CHAN_CLOSING_BROKER : 0);
 }
 
 /* The broker's ack or nack of publishes on a channel with mapped confirms. */
@@ -773,13 +774,6 @@ static int session_method(struct session *s, struct leg *from, const struct fram
 			channel_reset(ch);
 		break;
 	case AMQP_CHANNEL_CLOSE_OK_METHOD:
-		if (ch && ch->proxy_closing && !to_broker) {
-			/* The answer to the proxy's own channel.close. */
-			evbuffer_drain(in, len);
-			recycle_amqp_pool(pool);
-			ch->proxy_closing = 0;
-			return 0;
-		}
 		if (ch) {
 			pipeline_channel_closed(s, ch);
 			channel_reset(ch);
@@ -1043,11 +1037,23 @@ static void session_closing_frame(struct session *s, struct leg *from,
 static int session_channel_closing(struct session *s, struct leg *from,
 				   const struct frame_info *fi, struct channel *ch)
 {
-	/* The broker's close-ok ends it; the client's is dropped, as the
-	 * broker had its own channel.close from the proxy. */
-	if (fi->type == FRAME_METHOD && fi->class_id == 20 && fi->method_id == 41 &&
-	    from->dir == DIR_TO_CLIENT)
-		return session_method(s, from, fi, ch);
+	/* Each side answers the proxy's channel.close with close-ok (or
+	 * crosses it with a close of its own, which the proxy answers);
+	 * everything else on the channel meanwhile is dropped, as the broker
+	 * drops it. The channel is closed when both sides have answered. */
+	if (fi->type == FRAME_METHOD && fi->class_id == 20 &&
+	    (fi->method_id == 40 || fi->method_id == 41)) {
+		if (fi->method_id == 40)
+			method_write(transport_output(from->tr), ch->id,
+				     AMQP_CHANNEL_CLOSE_OK_METHOD,
+				     &(amqp_channel_close_ok_t){0});
+		ch->proxy_closing &=
+		    ~(from->dir == DIR_TO_CLIENT ? CHAN_CLOSING_BROKER : CHAN_CLOSING_CLIENT);
+		if (!ch->proxy_closing) {
+			pipeline_channel_closed(s, ch);
+			channel_reset(ch);
+		}
+	}
 	evbuffer_drain(transport_input(from->tr), frame_scan_wire_len(fi));
 	return 0;
 }

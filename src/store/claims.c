@@ -7,9 +7,11 @@
 #include "../rules.h"
 #include "state.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <openssl/rand.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +30,54 @@
 
 static struct state *claims_state;
 static atomic_ullong claims_lanes;
+
+/* Keys of the uploads in progress, so the purge leaves their chunks be. */
+static pthread_mutex_t claims_active_lock = PTHREAD_MUTEX_INITIALIZER;
+static char (*claims_active)[CLAIMS_KEY_LEN + 1];
+static size_t claims_nactive, claims_capactive;
+
+static void claims_active_add(const char *key)
+{
+	pthread_mutex_lock(&claims_active_lock);
+	if (claims_nactive == claims_capactive) {
+		size_t n = claims_capactive ? claims_capactive * 2 : 64;
+		void *p = realloc(claims_active, n * sizeof(*claims_active));
+
+		if (p) {
+			claims_active = p;
+			claims_capactive = n;
+		}
+	}
+	if (claims_nactive < claims_capactive)
+		memcpy(claims_active[claims_nactive++], key, CLAIMS_KEY_LEN + 1);
+	pthread_mutex_unlock(&claims_active_lock);
+}
+
+static void claims_active_remove(const char *key)
+{
+	size_t i;
+
+	pthread_mutex_lock(&claims_active_lock);
+	for (i = 0; i < claims_nactive; i++)
+		if (memcmp(claims_active[i], key, CLAIMS_KEY_LEN) == 0) {
+			memcpy(claims_active[i], claims_active[--claims_nactive],
+			       CLAIMS_KEY_LEN + 1);
+			break;
+		}
+	pthread_mutex_unlock(&claims_active_lock);
+}
+
+static int claims_active_has(const void *key)
+{
+	size_t i;
+	int found = 0;
+
+	pthread_mutex_lock(&claims_active_lock);
+	for (i = 0; i < claims_nactive && !found; i++)
+		found = memcmp(claims_active[i], key, CLAIMS_KEY_LEN) == 0;
+	pthread_mutex_unlock(&claims_active_lock);
+	return found;
+}
 
 void claims_init(struct state *st)
 {
@@ -140,6 +190,7 @@ static void claims_upload_submit(struct claims_upload *u, enum claims_req_kind k
 
 static void claims_upload_free(struct claims_upload *u)
 {
+	claims_active_remove(u->key);
 	free(u->buf);
 	free(u);
 }
@@ -370,6 +421,7 @@ struct claims_upload *claims_upload_begin(const struct claims_where *where, stru
 	u->arg = arg;
 	u->fd = -1;
 	u->lane = atomic_fetch_add(&claims_lanes, 1);
+	claims_active_add(u->key);
 	return u;
 }
 
@@ -644,4 +696,117 @@ int claims_stat(const struct claims_where *where, const char *key, uint64_t *siz
 	memcpy(size, meta, 8);
 	memcpy(created_ms, meta + 8, 8);
 	return 0;
+}
+
+/* ---- retention ------------------------------------------------------------ */
+
+struct claims_sweep {
+	uint64_t cutoff_ms;
+	char meta[CLAIMS_KEY_LEN]; /* the last meta record seen */
+	int meta_expired, have_meta;
+	int orphans; /* also chunks no payload owns (only before uploads start) */
+	char (*dead)[CLAIMS_CHUNK_KEY + 1];
+	size_t ndead, capdead;
+};
+
+static void claims_sweep_add(struct claims_sweep *sw, const void *key, size_t klen)
+{
+	if (sw->ndead == sw->capdead) {
+		size_t n = sw->capdead ? sw->capdead * 2 : 256;
+		void *p = realloc(sw->dead, n * sizeof(*sw->dead));
+
+		if (p == NULL)
+			return;
+		sw->dead = p;
+		sw->capdead = n;
+	}
+	memcpy(sw->dead[sw->ndead], key, klen);
+	sw->dead[sw->ndead++][klen] = 0;
+}
+
+static int claims_sweep_one(void *arg, const void *key, size_t klen, const void *val,
+			    size_t vlen)
+{
+	struct claims_sweep *sw = arg;
+	uint64_t created;
+
+	if (klen == CLAIMS_KEY_LEN && vlen == CLAIMS_META_LEN) {
+		memcpy(&created, (const uint8_t *)val + 8, 8);
+		memcpy(sw->meta, key, CLAIMS_KEY_LEN);
+		sw->have_meta = 1;
+		sw->meta_expired = sw->cutoff_ms && created < sw->cutoff_ms;
+		if (sw->meta_expired)
+			claims_sweep_add(sw, key, klen);
+	} else if (klen == CLAIMS_CHUNK_KEY) {
+		int owned = sw->have_meta && memcmp(sw->meta, key, CLAIMS_KEY_LEN) == 0;
+
+		/* A chunk goes with its expired payload; at start, before any
+		 * upload, also when no payload owns it (a crash mid-upload). */
+		if ((owned && sw->meta_expired) || (!owned && sw->orphans))
+			claims_sweep_add(sw, key, klen);
+	}
+	return 0;
+}
+
+long claims_purge(const struct claims_where *where, long retention_s, int orphans)
+{
+	struct claims_sweep sw;
+	long removed = 0;
+	size_t i, j;
+
+	memset(&sw, 0, sizeof(sw));
+	sw.orphans = orphans;
+	if (retention_s > 0)
+		sw.cutoff_ms = claims_now_ms() - (uint64_t)retention_s * 1000;
+	if (where->filesystem) {
+		DIR *d = opendir(where->name);
+		struct dirent *e;
+		char path[4200];
+		struct stat st;
+
+		if (d == NULL)
+			return 0;
+		while ((e = readdir(d)) != NULL) {
+			size_t n = strlen(e->d_name);
+			int partial = n == CLAIMS_KEY_LEN + 9 && e->d_name[0] == '.' &&
+				      strcmp(e->d_name + 1 + CLAIMS_KEY_LEN, ".partial") == 0;
+			const char *key = partial ? e->d_name + 1 : e->d_name;
+
+			if (!partial && !claims_key_valid((const uint8_t *)key, n))
+				continue; /* not ours: another library's or the operator's */
+			snprintf(path, sizeof(path), "%s/%s", where->name, e->d_name);
+			if (stat(path, &st) != 0)
+				continue;
+			if (partial
+				? (!claims_active_has(key) &&
+				   (uint64_t)st.st_mtime * 1000 + 3600000 < claims_now_ms())
+				: (sw.cutoff_ms && (uint64_t)st.st_mtime * 1000 < sw.cutoff_ms))
+				removed += unlink(path) == 0;
+		}
+		closedir(d);
+		return removed;
+	}
+	if (claims_state == NULL)
+		return 0;
+	if (state_scan(claims_state, where->name, NULL, 0, claims_sweep_one, &sw) != STATE_OK) {
+		free(sw.dead);
+		return -1;
+	}
+	for (i = 0; i < sw.ndead; i += 512) {
+		struct state_op ops[512];
+		size_t n = sw.ndead - i < 512 ? sw.ndead - i : 512;
+
+		for (j = 0; j < n; j++) {
+			ops[j].db = where->name;
+			ops[j].key = sw.dead[i + j];
+			ops[j].klen = strlen(sw.dead[i + j]);
+			ops[j].val = NULL;
+			ops[j].vlen = 0;
+			removed += ops[j].klen == CLAIMS_KEY_LEN;
+		}
+		if (state_write_wait(claims_state, ops, (int)n) != STATE_OK)
+			break;
+	}
+	free(sw.dead);
+	return removed;
 }

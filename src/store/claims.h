@@ -66,6 +66,14 @@ claims_read_open(const struct claims_where *where, struct worker *w, const char 
 void claims_read_next(struct claims_read *r);
 void claims_read_abandon(struct claims_read *r);
 
+/* ---- retention ---- */
+
+/* Blocking (never on a worker's loop): remove payloads older than
+ * retention_s (0: keep them). With orphans (only before any upload can
+ * start) also the chunks of uploads a crash cut short. Returns how many
+ * payloads were removed, or -1. */
+long claims_purge(const struct claims_where *where, long retention_s, int orphans);
+
 /* ---- operator views ---- */
 
 /* Blocking (admin thread or a jobs thread): is key there, how big, how old. */

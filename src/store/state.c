@@ -218,7 +218,10 @@ static void *state_writer(void *arg)
 		for (w = list; w; w = next) {
 			next = w->next;
 			state_report(st, w->rc);
-			worker_post(w->w, &w->call); /* may free w */
+			if (w->w)
+				worker_post(w->w, &w->call); /* may free w */
+			else
+				w->call.fn(&w->call); /* a state_write_wait */
 		}
 	}
 }
@@ -349,6 +352,56 @@ int state_scan(struct state *st, const char *db, const void *first, size_t flen,
 	}
 	mdb_txn_abort(txn);
 	return rc == 0 || rc == MDB_NOTFOUND ? STATE_OK : state_rc_of(rc);
+}
+
+struct state_wait {
+	struct state_write w;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	int done;
+};
+
+static void state_wait_done(struct worker_call *c)
+{
+	struct state_wait *sw = (struct state_wait *)c;
+
+	pthread_mutex_lock(&sw->lock);
+	sw->done = 1;
+	pthread_cond_signal(&sw->cond);
+	pthread_mutex_unlock(&sw->lock);
+}
+
+int state_write_wait(struct state *st, struct state_op *ops, int nops)
+{
+	struct state_wait sw;
+	int rc;
+
+	memset(&sw, 0, sizeof(sw));
+	pthread_mutex_init(&sw.lock, NULL);
+	pthread_cond_init(&sw.cond, NULL);
+	sw.w.call.fn = state_wait_done;
+	sw.w.ops = ops;
+	sw.w.nops = nops;
+	pthread_mutex_lock(&st->lock);
+	if (st->stop) {
+		pthread_mutex_unlock(&st->lock);
+		rc = STATE_CLOSED;
+		goto out;
+	}
+	sw.w.next = NULL;
+	*st->tail = &sw.w;
+	st->tail = &sw.w.next;
+	pthread_cond_signal(&st->cond);
+	pthread_mutex_unlock(&st->lock);
+	pthread_mutex_lock(&sw.lock);
+	while (!sw.done)
+		pthread_cond_wait(&sw.cond, &sw.lock);
+	pthread_mutex_unlock(&sw.lock);
+	rc = sw.w.rc;
+out:
+	pthread_mutex_destroy(&sw.lock);
+	pthread_cond_destroy(&sw.cond);
+	return rc;
 }
 
 void state_counters(struct state *st, struct state_counters *out)

@@ -58,6 +58,10 @@ void state_close(struct state *st);
 /* From any thread: queue a write. */
 void state_submit(struct state *st, struct state_write *w);
 
+/* From a thread that may block (never a worker's loop): write and wait
+ * until durable. */
+int state_write_wait(struct state *st, struct state_op *ops, int nops);
+
 /* From any thread but a worker's loop: look key up in db and hand the
  * value to fn inside the read transaction (the bytes are valid only
  * there). Returns STATE_OK, STATE_NOTFOUND or an error. */

@@ -1,0 +1,103 @@
+/* janitor: housekeeping off the message path, on a thread of its own. */
+#include "janitor.h"
+
+#include "log.h"
+#include "rules.h"
+#include "store/claims.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <time.h>
+
+static pthread_t janitor_thread;
+static pthread_mutex_t janitor_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t janitor_cond = PTHREAD_COND_INITIALIZER;
+static struct rules *janitor_rules;
+static long janitor_interval;
+static int janitor_stopping, janitor_running;
+
+static void janitor_purge(const struct rules *r, int orphans)
+{
+	struct claims_where where;
+	long n;
+	int i;
+
+	for (i = 0; r && i < r->n; i++) {
+		const struct rules_vhost *v = &r->v[i];
+
+		if (!v->claim_check.enabled)
+			continue;
+		claims_where(&where, v->vhost, &v->claim_check);
+		n = claims_purge(&where, v->claim_check.retention_s, orphans);
+		if (n > 0)
+			log_info("janitor: vhost %s: %ld claim payload%s past %ld s removed",
+				 v->vhost, n, n == 1 ? "" : "s", v->claim_check.retention_s);
+		else if (n < 0)
+			log_warning("janitor: vhost %s: the claim store could not be purged",
+				    v->vhost);
+	}
+}
+
+void janitor_startup(const struct rules *r)
+{
+	janitor_purge(r, 1);
+}
+
+static void *janitor_main(void *arg)
+{
+	struct timespec until;
+	struct rules *r;
+
+	pthread_mutex_lock(&janitor_lock);
+	while (!janitor_stopping) {
+		clock_gettime(CLOCK_REALTIME, &until);
+		until.tv_sec += janitor_interval;
+		while (!janitor_stopping && pthread_cond_timedwait(&janitor_cond, &janitor_lock,
+								   &until) != ETIMEDOUT)
+			;
+		if (janitor_stopping)
+			break;
+		r = janitor_rules;
+		if (r)
+			rules_ref(r);
+		pthread_mutex_unlock(&janitor_lock);
+		janitor_purge(r, 0);
+		rules_unref(r);
+		pthread_mutex_lock(&janitor_lock);
+	}
+	pthread_mutex_unlock(&janitor_lock);
+	return NULL;
+}
+
+int janitor_start(long interval_s)
+{
+	if (interval_s <= 0)
+		return 0;
+	janitor_interval = interval_s;
+	if (pthread_create(&janitor_thread, NULL, janitor_main, NULL) != 0)
+		return -1;
+	janitor_running = 1;
+	return 0;
+}
+
+void janitor_set_rules(struct rules *r)
+{
+	rules_ref(r);
+	pthread_mutex_lock(&janitor_lock);
+	rules_unref(janitor_rules);
+	janitor_rules = r;
+	pthread_mutex_unlock(&janitor_lock);
+}
+
+void janitor_stop(void)
+{
+	pthread_mutex_lock(&janitor_lock);
+	janitor_stopping = 1;
+	pthread_cond_signal(&janitor_cond);
+	pthread_mutex_unlock(&janitor_lock);
+	if (janitor_running)
+		pthread_join(janitor_thread, NULL);
+	janitor_running = 0;
+	rules_unref(janitor_rules);
+	janitor_rules = NULL;
+}
