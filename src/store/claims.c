@@ -27,6 +27,10 @@
  * chunk: a payload without it is partial and never read. */
 #define CLAIMS_META_LEN  20
 #define CLAIMS_CHUNK_KEY (CLAIMS_KEY_LEN + 9)
+/* An upload hands the store this much at a time (one commit, one fsync
+ * for four chunks). */
+#define CLAIMS_STAGE_CHUNKS 4u
+#define CLAIMS_STAGE        (CLAIMS_STAGE_CHUNKS * CLAIMS_CHUNK)
 
 static struct state *claims_state;
 static atomic_ullong claims_lanes;
@@ -333,7 +337,8 @@ static void claims_upload_submit(struct claims_upload *u, enum claims_req_kind k
 	if (kind != CLAIMS_CLEANUP_REQ && (u->used > 0 || kind == CLAIMS_CHUNK_REQ)) {
 		r->buf = u->buf;
 		r->len = u->used;
-		r->index = u->nchunks++;
+		r->index = u->nchunks;
+		u->nchunks += (uint32_t)((u->used + CLAIMS_CHUNK - 1) / CLAIMS_CHUNK);
 		u->buf = NULL;
 		u->used = 0;
 		u->pending += r->len;
@@ -347,8 +352,8 @@ static void claims_upload_submit(struct claims_upload *u, enum claims_req_kind k
 		jobs_submit(&r->u.job);
 		return;
 	}
-	/* LMDB: a chunk; the last chunk and the meta record; or removal. */
-	n = kind == CLAIMS_CLEANUP_REQ ? u->nchunks + 1 : 2;
+	/* LMDB: chunks; the last chunks and the meta record; or removal. */
+	n = kind == CLAIMS_CLEANUP_REQ ? u->nchunks + 1 : CLAIMS_STAGE_CHUNKS + 1;
 	r->ops = calloc(n, sizeof(*r->ops));
 	r->keys = calloc(n, sizeof(*r->keys));
 	if (r->ops == NULL || r->keys == NULL) {
@@ -372,13 +377,15 @@ static void claims_upload_submit(struct claims_upload *u, enum claims_req_kind k
 		r->ops[n].klen = CLAIMS_KEY_LEN;
 		n++;
 	} else {
-		if (r->buf || kind == CLAIMS_CHUNK_REQ) {
-			claims_chunk_key(r->keys[n], u->key, r->index);
+		for (i = 0; r->buf && (size_t)i * CLAIMS_CHUNK < r->len; i++) {
+			size_t off = (size_t)i * CLAIMS_CHUNK, len = r->len - off;
+
+			claims_chunk_key(r->keys[n], u->key, r->index + i);
 			r->ops[n].db = u->where.name;
 			r->ops[n].key = r->keys[n];
 			r->ops[n].klen = CLAIMS_CHUNK_KEY;
-			r->ops[n].val = r->buf ? (void *)r->buf : (void *)"";
-			r->ops[n].vlen = r->len;
+			r->ops[n].val = r->buf + off;
+			r->ops[n].vlen = len < CLAIMS_CHUNK ? len : CLAIMS_CHUNK;
 			n++;
 		}
 		if (kind == CLAIMS_FINISH_REQ) {
@@ -434,11 +441,11 @@ int claims_upload_write(struct claims_upload *u, const void *data, size_t len)
 	while (len > 0) {
 		size_t n;
 
-		if (u->buf == NULL && (u->buf = malloc(CLAIMS_CHUNK)) == NULL) {
+		if (u->buf == NULL && (u->buf = malloc(CLAIMS_STAGE)) == NULL) {
 			u->failed = 1;
 			return -1;
 		}
-		n = CLAIMS_CHUNK - u->used;
+		n = CLAIMS_STAGE - u->used;
 		if (n > len)
 			n = len;
 		memcpy(u->buf + u->used, p, n);
@@ -446,7 +453,7 @@ int claims_upload_write(struct claims_upload *u, const void *data, size_t len)
 		u->size += n;
 		p += n;
 		len -= n;
-		if (u->used == CLAIMS_CHUNK)
+		if (u->used == CLAIMS_STAGE)
 			claims_upload_submit(u, CLAIMS_CHUNK_REQ);
 	}
 	return 0;
