@@ -461,3 +461,40 @@ def test_store_failure_without_confirms_closes_the_channel(vhosts, dirs):
             ch2.queue_delete(q)
     finally:
         p.stop()
+
+
+def test_full_filesystem_store_nacks_and_leaves_nothing(vhosts, dirs):
+    """A filesystem store on a 2 MiB tmpfs: a 4 MiB payload does not fit,
+    the publisher gets a nack, no partial file is left, smaller ones go on."""
+    import subprocess
+    mnt = os.path.join(dirs["top"], "tiny-fs")
+    os.makedirs(mnt, exist_ok=True)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", mnt]).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    rules = os.path.join(dirs["top"], "rules-tiny-fs")
+    os.makedirs(rules, exist_ok=True)
+    with open(os.path.join(rules, "r.json"), "w") as f:
+        f.write('{"vhost": "/", "claim_check": {"match": [{"exchange": ""}], '
+                '"store": {"type": "filesystem", "path": "%s"}}}' % mnt)
+    p = Proxy(rules, os.path.join(dirs["top"], "data-tiny-fs"))
+    q = qname()
+    try:
+        with p.connect() as c:
+            ch = declare(c, q)
+            ch.confirm_delivery()
+            with pytest.raises(pika.exceptions.NackError):
+                ch.basic_publish("", q, os.urandom(4 << 20))
+            # What was written of it is removed right after.
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and os.listdir(mnt):
+                time.sleep(0.05)
+            assert os.listdir(mnt) == []
+            body = os.urandom(500000)
+            ch.basic_publish("", q, body)
+            with direct() as d:
+                assert d.channel().queue_declare(q, passive=True).method.message_count == 1
+            assert get_one(ch, q)[2] == body
+            ch.queue_delete(q)
+    finally:
+        p.stop()
+        subprocess.run(["umount", mnt])
