@@ -18,8 +18,8 @@
 
 #define CLAIM_CHECK_MAGIC0     0xAC
 #define CLAIM_CHECK_MAGIC1     0x01
-#define CLAIM_CHECK_INLINE     0x00
-#define CLAIM_CHECK_REFERENCE  0x01
+#define CLAIM_CHECK_TAG_INLINE 0x00
+#define CLAIM_CHECK_TAG_REF    0x01
 #define CLAIM_CHECK_MAX_KEY    255                /* what a reference may carry */
 #define CLAIM_CHECK_INLINE_MIN 65536              /* inline bodies looked at, at least */
 #define CLAIM_CHECK_HIGH       (4u * 1024 * 1024) /* upload backlog that pauses the client */
@@ -63,6 +63,28 @@ struct claim_check {
 	struct claim_check_up *ups;
 	struct claim_check_rd *rds;
 };
+
+enum claim_check_form claim_check_form(const uint8_t *body, size_t len)
+{
+	if (len < 3 || body[0] != CLAIM_CHECK_MAGIC0 || body[1] != CLAIM_CHECK_MAGIC1)
+		return CLAIM_CHECK_PLAIN;
+	if (body[2] == CLAIM_CHECK_TAG_INLINE)
+		return CLAIM_CHECK_INLINED;
+	if (body[2] == CLAIM_CHECK_TAG_REF && len - 3 <= CLAIM_CHECK_MAX_KEY)
+		return CLAIM_CHECK_REFERENCE;
+	return CLAIM_CHECK_PLAIN;
+}
+
+void claim_check_printable(char *out, size_t outlen, const uint8_t *key, size_t len)
+{
+	size_t i;
+
+	if (outlen == 0)
+		return;
+	for (i = 0; i < len && i + 1 < outlen; i++)
+		out[i] = key[i] >= 0x20 && key[i] < 0x7f ? (char)key[i] : '?';
+	out[i] = 0;
+}
 
 static const struct rules_claim_check *claim_check_rule(struct session *s)
 {
@@ -211,8 +233,7 @@ static void claim_check_up_done_in(struct session *s, void *arg)
 	} else if (up->framed) {
 		v = PIPE_PASS;
 	} else if (key) {
-		uint8_t head[3] = {CLAIM_CHECK_MAGIC0, CLAIM_CHECK_MAGIC1,
-				   CLAIM_CHECK_REFERENCE};
+		uint8_t head[3] = {CLAIM_CHECK_MAGIC0, CLAIM_CHECK_MAGIC1, CLAIM_CHECK_TAG_REF};
 
 		if (m->body == NULL)
 			m->body = evbuffer_new();
@@ -514,32 +535,27 @@ static void claim_check_drained(void *state, struct session *s)
 static enum pipe_verdict claim_check_delivery(struct claim_check *cc, struct session *s,
 					      struct channel *ch, struct pipe_msg *m)
 {
-	uint8_t head[3];
 	size_t len = m->body ? evbuffer_get_length(m->body) : 0;
+	const uint8_t *body = len ? evbuffer_pullup(m->body, (ev_ssize_t)len) : NULL;
 	struct claim_check_rd *rd;
-	uint8_t key[CLAIM_CHECK_MAX_KEY + 4];
-	size_t klen;
+	char shown[CLAIM_CHECK_MAX_KEY + 1];
+	size_t klen = len > 3 ? len - 3 : 0;
 
-	if (len < 3 || evbuffer_copyout(m->body, head, 3) != 3 ||
-	    head[0] != CLAIM_CHECK_MAGIC0 || head[1] != CLAIM_CHECK_MAGIC1)
+	switch (claim_check_form(body, len)) {
+	case CLAIM_CHECK_PLAIN:
 		return PIPE_PASS;
-	if (head[2] == CLAIM_CHECK_INLINE) {
+	case CLAIM_CHECK_INLINED:
 		evbuffer_drain(m->body, 3);
 		m->body_dirty = 1;
 		s->w->stats.claims_inline_stripped++;
 		return PIPE_PASS;
+	case CLAIM_CHECK_REFERENCE:
+		break;
 	}
-	if (head[2] != CLAIM_CHECK_REFERENCE)
-		return PIPE_PASS;
-	klen = len - 3;
-	if (klen > CLAIM_CHECK_MAX_KEY)
-		return PIPE_PASS; /* not a reference: too long for a key */
-	evbuffer_copyout(m->body, key, len);
-	memmove(key, key + 3, klen);
-	key[klen] = 0;
-	if (!claims_key_valid(key, klen)) {
+	if (!claims_key_valid(body + 3, klen)) {
 		s->w->stats.claims_bad_keys++;
-		return claim_check_missing(cc, s, "a key the store never issues", (char *)key);
+		claim_check_printable(shown, sizeof(shown), body + 3, klen);
+		return claim_check_missing(cc, s, "a key the store never issues", shown);
 	}
 	rd = calloc(1, sizeof(*rd));
 	if (rd == NULL)
@@ -547,7 +563,8 @@ static enum pipe_verdict claim_check_delivery(struct claim_check *cc, struct ses
 	rd->cc = cc;
 	rd->m = m;
 	rd->channel = ch->id;
-	memcpy(rd->key, key, CLAIMS_KEY_LEN + 1);
+	memcpy(rd->key, body + 3, CLAIMS_KEY_LEN);
+	rd->key[CLAIMS_KEY_LEN] = 0;
 	rd->next = cc->rds;
 	cc->rds = rd;
 	rd->r = claims_read_open(&cc->where, s->w, rd->key, claim_check_read_opened,
