@@ -126,7 +126,25 @@ static int state_apply(struct state *st, MDB_txn *txn, struct state_write *w)
 		rc = state_dbi(st, op->db, 0, &dbi);
 		if (rc != STATE_OK)
 			return rc == STATE_NOTFOUND ? STATE_IO : rc;
-		if (op->val) {
+		if (op->update) {
+			MDB_val old;
+			const void *nv = NULL;
+			size_t nlen = 0;
+			int got = mdb_get(txn, dbi, &k, &old);
+			enum state_decision d;
+
+			if (got != 0 && got != MDB_NOTFOUND)
+				return state_rc_of(got);
+			d = op->update(op->arg, got == 0 ? old.mv_data : NULL,
+				       got == 0 ? old.mv_size : 0, &nv, &nlen);
+			if (d == STATE_PUT) {
+				MDB_val nval = {nlen, (void *)nv};
+
+				rc = mdb_put(txn, dbi, &k, &nval, 0);
+			} else if (d == STATE_DEL && got == 0) {
+				rc = mdb_del(txn, dbi, &k, NULL);
+			}
+		} else if (op->val) {
 			rc = mdb_put(txn, dbi, &k, &v, 0);
 		} else {
 			rc = mdb_del(txn, dbi, &k, NULL);

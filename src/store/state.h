@@ -22,14 +22,25 @@ enum state_rc {
 	STATE_CLOSED = -4, /* the state layer is shutting down */
 };
 
-/* One put or delete. The memory of db, key and val belongs to the caller
- * until the write's done runs. */
+enum state_decision { STATE_KEEP, STATE_PUT, STATE_DEL };
+
+/* A read-modify-write: given the key's value in the transaction (NULL when
+ * absent), decide; for STATE_PUT set *val and *vlen (memory valid until
+ * the write is done). Runs on the writer thread, perhaps twice (a batch
+ * that failed is retried write by write): decide from old alone. */
+typedef enum state_decision (*state_update_fn)(void *arg, const void *old, size_t oldlen,
+					       const void **val, size_t *vlen);
+
+/* One put or delete, or an update. The memory of db, key and val belongs
+ * to the caller until the write's done runs. */
 struct state_op {
 	const char *db; /* a named database, created on first write */
 	const void *key;
 	size_t klen;
-	const void *val; /* NULL: delete the key */
+	const void *val; /* NULL: delete the key (unless update is set) */
 	size_t vlen;
+	state_update_fn update;
+	void *arg;
 };
 
 /* A write: ops applied atomically in the next group commit; done(w) runs

@@ -1,0 +1,61 @@
+/* idem: idempotency keys per vhost and queue in the state layer: claim,
+ * confirm and forget under a lease, with the three answers the AceMQ
+ * libraries share (CLAIMED, DUPLICATE, IN_PROGRESS). */
+#ifndef ACEMQ_IDEM_H
+#define ACEMQ_IDEM_H
+
+#include "state.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define IDEM_KEY_MAX 512 /* queue, a NUL, and the message's key */
+
+enum idem_answer {
+	IDEM_CLAIMED,     /* first time (or the last claim's lease ran out): run it */
+	IDEM_DUPLICATE,   /* confirmed within the retention: acknowledge, do not run */
+	IDEM_IN_PROGRESS, /* claimed by someone else under a live lease */
+	IDEM_DONE,        /* confirm or forget: applied */
+	IDEM_NOT_OWNER,   /* confirm or forget: the claim is not this owner's (left alone) */
+};
+
+enum idem_op { IDEM_CLAIM, IDEM_CONFIRM, IDEM_FORGET };
+
+/* The record: state, until (ms since the epoch: the lease's end, or the
+ * retention's), and the owner of a claim. */
+struct idem_record {
+	uint8_t state; /* 1 claimed, 2 confirmed */
+	uint8_t pad[7];
+	uint64_t until_ms;
+	uint64_t owner[2];
+};
+
+/* One operation; done runs on the worker w with answer (and w.rc). */
+struct idem_req {
+	struct state_write w; /* first: its call is the completion */
+	struct state_op op;
+	enum idem_op what;
+	uint64_t now_ms, span_ms; /* lease (claim) or retention (confirm) */
+	uint64_t owner[2];
+	enum idem_answer answer;
+	struct idem_record rec; /* the value written */
+	char db[300];
+	char key[IDEM_KEY_MAX];
+	size_t klen;
+};
+
+/* Fill r for an operation on (vhost, queue, key); the caller sets
+ * r->w.call.fn and r->w.w, then state_submit(st, &r->w). Returns -1 when
+ * queue and key are too long to be a key. */
+int idem_prepare(struct idem_req *r, enum idem_op what, const char *vhost, const char *queue,
+		 const void *key, size_t klen, const uint64_t owner[2], uint64_t now_ms,
+		 uint64_t span_ms);
+
+/* The decision itself (exposed for tests): from the current record (or
+ * NULL), what to answer and whether to write r->rec. */
+enum state_decision idem_decide(struct idem_req *r, const struct idem_record *cur);
+
+/* Blocking (janitor): remove records whose time has passed. */
+long idem_purge(struct state *st, const char *vhost, uint64_t now_ms);
+
+#endif
