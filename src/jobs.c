@@ -94,7 +94,7 @@ void jobs_submit(struct job *j)
 {
 	struct jobs_lane *l;
 
-	if (jobs_inline) {
+	if (jobs_inline || jobs_nlanes == 0) { /* (or stopped: at shutdown) */
 		j->run(j);
 		worker_post(j->w, &j->call);
 		return;

@@ -258,6 +258,15 @@ int main(int argc, char **argv)
 	 * completions are run before the workers are freed. */
 	for (i = 0; i < main_nworkers; i++)
 		pthread_join(main_workers[i].thread, NULL);
+	/* Store operations of sessions that are gone still complete (and
+	 * clean up after themselves) while the store threads run. */
+	for (i = 0; claims_busy() > 0 && i < 10000; i++) {
+		int k;
+
+		for (k = 0; k < main_nworkers; k++)
+			worker_run_posted(&main_workers[k]);
+		usleep(1000);
+	}
 	janitor_stop();
 	jobs_stop();
 	state_close(state);

@@ -333,6 +333,12 @@ static int pipeline_finish(struct session *s, struct channel *ch, struct pipe_ms
 {
 	int rc;
 
+	if (ch->proxy_closing) {
+		/* Its channel was closed meanwhile: nothing more goes on it (a
+		 * delivery is requeued by the close). */
+		pipe_msg_free(m);
+		return 0;
+	}
 	if (m->kind == PIPE_PUBLISH) {
 		if (v == PIPE_ANSWER) {
 			s->w->stats.publishes_answered++;
@@ -459,7 +465,7 @@ int pipeline_stream_out_begin(struct session *s, struct channel *ch, struct pipe
 	uint64_t *tagp = pipeline_tag_of(m);
 	int rc;
 
-	if (out == NULL)
+	if (out == NULL || ch->proxy_closing)
 		return -1;
 	pipeline_rewrite(s, ch, m);
 	if (tagp) {
@@ -481,7 +487,7 @@ int pipeline_stream_out(struct session *s, struct channel *ch, struct pipe_msg *
 	uint8_t head[FRAME_HEADER_SIZE];
 	const uint8_t end = FRAME_END;
 
-	if (out == NULL)
+	if (out == NULL || ch->proxy_closing)
 		return -1;
 	while (len > 0) {
 		size_t n = len < chunk ? len : chunk;
@@ -497,6 +503,14 @@ int pipeline_stream_out(struct session *s, struct channel *ch, struct pipe_msg *
 }
 
 void pipeline_stream_out_end(struct session *s, struct channel *ch, struct pipe_msg *m)
+{
+	enum chan_dir dir = pipeline_dir(m);
+
+	pipe_msg_free(m);
+	session_unhold(s, dir);
+}
+
+void pipeline_drop(struct session *s, struct pipe_msg *m)
 {
 	enum chan_dir dir = pipeline_dir(m);
 

@@ -131,6 +131,9 @@ int pipeline_stream_out_begin(struct session *s, struct channel *ch, struct pipe
 int pipeline_stream_out(struct session *s, struct channel *ch, struct pipe_msg *m,
 			const void *data, size_t len);
 void pipeline_stream_out_end(struct session *s, struct channel *ch, struct pipe_msg *m);
+/* Let go of a message that waited, without a word to either side (its
+ * channel went away); its leg's frames flow again. */
+void pipeline_drop(struct session *s, struct pipe_msg *m);
 /* Bytes queued towards the client (for a hook pacing a stream). */
 size_t pipeline_client_backlog(struct session *s);
 

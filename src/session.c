@@ -589,6 +589,12 @@ void session_channel_error(struct session *s, struct channel *ch, uint16_t code,
 
 	if (ch->proxy_closing)
 		return;
+	/* The client in the middle of a publish on it: a channel.close to the
+	 * broker would be a frame out of order, so the connection goes. */
+	if (ch->content[DIR_TO_BROKER].expect != EXPECT_METHOD) {
+		session_shut(s, code, text);
+		return;
+	}
 	if (to_client)
 		method_write_channel_close(to_client, ch->id, code, text, class_id, method_id);
 	/* The broker's side of the channel is closed too; its close-ok is
@@ -1043,12 +1049,16 @@ static int session_channel_closing(struct session *s, struct leg *from,
 	 * drops it. The channel is closed when both sides have answered. */
 	if (fi->type == FRAME_METHOD && fi->class_id == 20 &&
 	    (fi->method_id == 40 || fi->method_id == 41)) {
+		/* A crossing close is answered; the peer still owes its
+		 * close-ok for the proxy's close, which ends its side. */
 		if (fi->method_id == 40)
 			method_write(transport_output(from->tr), ch->id,
 				     AMQP_CHANNEL_CLOSE_OK_METHOD,
 				     &(amqp_channel_close_ok_t){0});
-		ch->proxy_closing &=
-		    ~(from->dir == DIR_TO_CLIENT ? CHAN_CLOSING_BROKER : CHAN_CLOSING_CLIENT);
+		else
+			ch->proxy_closing &=
+			    ~(from->dir == DIR_TO_CLIENT ? CHAN_CLOSING_BROKER
+							 : CHAN_CLOSING_CLIENT);
 		if (!ch->proxy_closing) {
 			pipeline_channel_closed(s, ch);
 			channel_reset(ch);

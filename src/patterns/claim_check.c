@@ -221,36 +221,36 @@ static void claim_check_up_done_in(struct session *s, void *arg)
 	struct channel *ch = session_channel(s, up->channel);
 	struct pipe_msg *m = up->m;
 	enum pipe_verdict v = PIPE_REFUSE;
-	const char *key = up->rc == 0 ? claims_upload_key(up->u) : NULL;
 
-	up->u = NULL; /* freed by the store after this callback */
 	if (up->held) {
 		up->held = 0;
 		session_unhold(s, DIR_TO_BROKER);
 	}
-	if (up->gone || ch == NULL) {
-		v = PIPE_SWALLOW;
-	} else if (up->framed) {
-		v = PIPE_PASS;
-	} else if (key) {
+	if (up->gone || ch == NULL || ch->proxy_closing) {
+		v = PIPE_SWALLOW; /* its channel went away: dropped */
+	} else if (up->rc == 0) {
 		uint8_t head[3] = {CLAIM_CHECK_MAGIC0, CLAIM_CHECK_MAGIC1, CLAIM_CHECK_TAG_REF};
 
 		if (m->body == NULL)
 			m->body = evbuffer_new();
 		if (m->body && evbuffer_add(m->body, head, 3) == 0 &&
-		    evbuffer_add(m->body, key, CLAIMS_KEY_LEN) == 0) {
+		    evbuffer_add(m->body, claims_upload_key(up->u), CLAIMS_KEY_LEN) == 0) {
 			m->body_dirty = 1;
 			v = PIPE_PASS;
 			s->w->stats.claims_offloaded++;
 			s->w->stats.claims_offloaded_bytes += m->body_size;
 		}
 	}
+	/* A durable payload nothing will refer to is removed. */
+	if (v != PIPE_PASS && up->rc == 0)
+		claims_upload_discard(up->u);
+	up->u = NULL;    /* freed by the store after this callback */
 	up->waiting = 0; /* m goes to the pipeline */
 	claim_check_up_free(up);
 	if (ch)
 		pipeline_resume(s, ch, m, v);
 	else
-		pipe_msg_free(m);
+		pipeline_drop(s, m);
 }
 
 static void claim_check_up_done(void *arg, int rc)
@@ -264,8 +264,11 @@ static void claim_check_up_done(void *arg, int rc)
 			    "claim check: the store refused a payload; publish refused");
 	}
 	if (!session_complete(up->cc->s, claim_check_up_done_in, up)) {
+		/* The session is closing: the publish is not forwarded. */
+		if (rc == 0)
+			claims_upload_discard(up->u);
 		up->u = NULL;
-		claim_check_up_free(up); /* the session is closing */
+		claim_check_up_free(up);
 	}
 }
 
@@ -295,6 +298,9 @@ static int claim_check_stream_begin(void *state, struct session *s, struct chann
 static int claim_check_keep(struct pipe_msg *m, const uint8_t *p, size_t len)
 {
 	if (m->body == NULL && (m->body = evbuffer_new()) == NULL)
+		return -1;
+	/* Held whole, so bounded like any message the proxy holds. */
+	if (evbuffer_get_length(m->body) + len > (size_t)worker_settings.max_message_size)
 		return -1;
 	return evbuffer_add(m->body, p, len);
 }
@@ -356,7 +362,7 @@ static enum pipe_verdict claim_check_publish(struct claim_check *cc, struct sess
 		claim_check_up_free(up);
 		return PIPE_PASS;
 	}
-	if (up->u == NULL || claims_upload_failed(up->u)) {
+	if (up->u == NULL || claims_upload_failed(up->u) || claims_upload_finish(up->u) != 0) {
 		s->w->stats.claims_store_errors++;
 		claims_upload_abandon(up->u);
 		up->u = NULL;
@@ -369,7 +375,6 @@ static enum pipe_verdict claim_check_publish(struct claim_check *cc, struct sess
 		session_log(s, LOG_WARNING, "claim check: the store refused a payload");
 		return PIPE_REFUSE;
 	}
-	claims_upload_finish(up->u);
 	return PIPE_WAIT;
 }
 
@@ -473,12 +478,13 @@ static void claim_check_rd_finish(struct session *s, struct claim_check_rd *rd, 
 	claims_read_abandon(rd->r);
 	rd->r = NULL;
 	claim_check_rd_free(rd);
-	if (!ok && ch) {
+	if (!ok) {
+		/* Part of the body is out: the message cannot be finished on
+		 * its channel, so the connection goes (the broker requeues). */
 		s->w->stats.claims_store_errors++;
-		session_channel_error(
-		    s, ch, 541,
-		    "INTERNAL_ERROR - the proxy could not read the message's payload", 60, 60);
-	} else if (ok) {
+		session_close(s, 541,
+			      "INTERNAL_ERROR - the proxy could not read a message's payload");
+	} else if (ch && !ch->proxy_closing) {
 		s->w->stats.claims_rehydrated++;
 	}
 	pipeline_stream_out_end(s, ch, m);
@@ -490,6 +496,10 @@ static void claim_check_read_chunk_in(struct session *s, void *arg)
 	struct claim_check_rd *rd = c->rd;
 	struct channel *ch = session_channel(s, rd->channel);
 
+	if (rd->gone) {
+		claim_check_rd_finish(s, rd, 1); /* its channel went: the close requeued it */
+		return;
+	}
 	if (c->rc != 0 || ch == NULL ||
 	    (c->len && pipeline_stream_out(s, ch, rd->m, c->data, c->len) != 0)) {
 		session_log(s, LOG_ERROR, "claim check: reading %s failed mid-way", rd->key);

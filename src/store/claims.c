@@ -34,6 +34,7 @@
 
 static struct state *claims_state;
 static atomic_ullong claims_lanes;
+static atomic_long claims_outstanding; /* store operations not yet completed */
 
 /* Keys of the uploads in progress, so the purge leaves their chunks be. */
 static pthread_mutex_t claims_active_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -222,6 +223,7 @@ static void claims_req_done(struct worker_call *c)
 	struct claims_upload *u = r->up;
 	int rc = u->where.filesystem ? r->rc : r->u.sw.rc;
 
+	atomic_fetch_sub(&claims_outstanding, 1);
 	u->inflight--;
 	if (r->kind != CLAIMS_CLEANUP_REQ) {
 		u->pending -= r->len;
@@ -344,6 +346,7 @@ static void claims_upload_submit(struct claims_upload *u, enum claims_req_kind k
 		u->pending += r->len;
 	}
 	u->inflight++;
+	atomic_fetch_add(&claims_outstanding, 1);
 	r->u.sw.call.fn = claims_req_done;
 	if (u->where.filesystem) {
 		r->u.job.run = claims_fs_run;
@@ -453,29 +456,36 @@ int claims_upload_write(struct claims_upload *u, const void *data, size_t len)
 		u->size += n;
 		p += n;
 		len -= n;
-		if (u->used == CLAIMS_STAGE)
+		if (u->used == CLAIMS_STAGE) {
 			claims_upload_submit(u, CLAIMS_CHUNK_REQ);
+			if (u->failed)
+				return -1;
+		}
 	}
 	return 0;
 }
 
-void claims_upload_finish(struct claims_upload *u)
+int claims_upload_finish(struct claims_upload *u)
 {
+	if (u->failed)
+		return -1;
 	u->finishing = 1;
-	if (u->failed) {
-		/* Reported when what is out has returned; with nothing out, now. */
-		if (u->inflight == 0 && u->done) {
-			void (*done)(void *, int) = u->done;
-
-			u->done = NULL;
-			u->calling = 1;
-			done(u->arg, -1);
-			u->calling = 0;
-			claims_upload_settle(u);
-		}
-		return;
-	}
 	claims_upload_submit(u, CLAIMS_FINISH_REQ);
+	if (u->failed && u->inflight == 0) {
+		u->finishing = 0; /* nothing went out: no callback will come */
+		return -1;
+	}
+	return 0;
+}
+
+long claims_busy(void)
+{
+	return atomic_load(&claims_outstanding);
+}
+
+void claims_upload_discard(struct claims_upload *u)
+{
+	u->durable = 0; /* settle, after the callback, removes it */
 }
 
 size_t claims_upload_pending(const struct claims_upload *u)
@@ -614,6 +624,7 @@ static void claims_read_done(struct worker_call *c)
 {
 	struct claims_read *r = (struct claims_read *)c;
 
+	atomic_fetch_sub(&claims_outstanding, 1);
 	r->busy = 0;
 	if (r->abandoned) {
 		claims_read_free(r);
@@ -652,6 +663,7 @@ claims_read_open(const struct claims_where *where, struct worker *w, const char 
 	r->job.run = claims_read_run;
 	r->job.w = w;
 	r->job.lane = atomic_fetch_add(&claims_lanes, 1);
+	atomic_fetch_add(&claims_outstanding, 1);
 	jobs_submit(&r->job);
 	return r;
 }
@@ -659,6 +671,7 @@ claims_read_open(const struct claims_where *where, struct worker *w, const char 
 void claims_read_next(struct claims_read *r)
 {
 	r->busy = 1;
+	atomic_fetch_add(&claims_outstanding, 1);
 	jobs_submit(&r->job);
 }
 
@@ -803,6 +816,7 @@ long claims_purge(const struct claims_where *where, long retention_s, int orphan
 		struct state_op ops[512];
 		size_t n = sw.ndead - i < 512 ? sw.ndead - i : 512;
 
+		memset(ops, 0, sizeof(ops));
 		for (j = 0; j < n; j++) {
 			ops[j].db = where->name;
 			ops[j].key = sw.dead[i + j];

@@ -42,8 +42,12 @@ struct claims_upload *claims_upload_begin(const struct claims_where *where, stru
 					  void (*done)(void *arg, int rc), void *arg);
 /* Append payload bytes (copied). -1 when the upload already failed. */
 int claims_upload_write(struct claims_upload *u, const void *data, size_t len);
-/* No more bytes: make the payload durable under its key, then done(). */
-void claims_upload_finish(struct claims_upload *u);
+/* No more bytes: make the payload durable under its key, then done().
+ * -1 when the upload failed already or could not be handed over: then no
+ * callback comes, and the owner abandons it. */
+int claims_upload_finish(struct claims_upload *u);
+/* Only inside done(): the payload is not wanted after all; it is removed. */
+void claims_upload_discard(struct claims_upload *u);
 /* Bytes handed over and not yet durable. */
 size_t claims_upload_pending(const struct claims_upload *u);
 const char *claims_upload_key(const struct claims_upload *u);
@@ -51,6 +55,10 @@ int claims_upload_failed(const struct claims_upload *u);
 /* The owner lets go: no more callbacks; an unfinished payload is removed;
  * the memory goes when the last store operation has returned. */
 void claims_upload_abandon(struct claims_upload *u);
+
+/* Store operations handed out and not yet completed (shutdown waits for
+ * them, running the workers' posted completions, before the store goes). */
+long claims_busy(void);
 
 /* ---- reading a payload ---- */
 

@@ -333,6 +333,38 @@ START_TEST(test_abandoned_upload_cleaned)
 }
 END_TEST
 
+START_TEST(test_purge_removes_crash_leftovers)
+{
+	struct claims_where w;
+	struct probe kept = {0}, rd = {0};
+	uint8_t data[5000];
+	struct state_op op = {0};
+	char chunk[64];
+	int keys = 0;
+
+	memset(data, 7, sizeof(data));
+	where(&w, 0, "/");
+	upload(&w, data, sizeof(data), &kept);
+	ck_assert_int_eq(kept.rc, 0);
+	/* A chunk without its meta record: what a crash mid-upload leaves. */
+	snprintf(chunk, sizeof(chunk), "%s#00000000", "00112233445566778899aabbccddeeff");
+	op.db = w.name;
+	op.key = chunk;
+	op.klen = strlen(chunk);
+	op.val = data;
+	op.vlen = 100;
+	ck_assert_int_eq(state_write_wait(st, &op, 1), STATE_OK);
+	/* Retention 0 keeps payloads; orphans go. */
+	ck_assert_int_eq(claims_purge(&w, 0, 1), 0);
+	ck_assert_int_eq(state_scan(st, w.name, NULL, 0, count_keys, &keys), STATE_OK);
+	ck_assert_int_eq(keys, 2); /* the kept payload's meta and chunk */
+	read_back(&w, kept.key, &rd);
+	ck_assert_int_eq(rd.open_rc, 0);
+	ck_assert_uint_eq(rd.len, sizeof(data));
+	free(rd.got);
+}
+END_TEST
+
 START_TEST(test_filesystem_bad_directory)
 {
 	struct claims_where w;
@@ -361,6 +393,7 @@ int main(void)
 	tcase_add_test(tc, test_missing_key_and_other_vhost);
 	tcase_add_test(tc, test_abandoned_upload_cleaned);
 	tcase_add_test(tc, test_filesystem_bad_directory);
+	tcase_add_test(tc, test_purge_removes_crash_leftovers);
 	tcase_add_checked_fixture(tiny, setup_tiny, teardown);
 	tcase_set_timeout(tiny, 60);
 	tcase_add_test(tiny, test_full_store_leaves_nothing);
