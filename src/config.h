@@ -31,6 +31,10 @@
 	  "largest message the proxy will hold whole")                                        \
 	X(MAX_CONNECTIONS, "max_connections", CFG_INT, "10000", 1, 1000000,                   \
 	  "client connections accepted at once")                                              \
+	X(MAX_CONNECTIONS_PER_VHOST, "max_connections_per_vhost", CFG_INT, "0", 0, 1000000,   \
+	  "client connections open on one vhost at once (0: no limit)")                       \
+	X(MAX_CHANNELS, "max_channels", CFG_INT, "0", 0, 65535,                               \
+	  "channels open on one client connection at once (0: no limit)")                     \
 	X(STATE_MAP_MB, "state_map_mb", CFG_INT, "8192", 1, 16777216,                         \
 	  "largest size of the LMDB state (MiB of address space)")                            \
 	X(STATE_SYNC, "state_sync", CFG_INT, "1", 0, 1,                                       \

@@ -1,6 +1,8 @@
 /* listener: the client-facing sockets, handing accepted connections to workers. */
 #include "listener.h"
 
+#include "limits.h"
+
 #include "config.h"
 #include "log.h"
 #include "worker.h"
@@ -35,12 +37,19 @@ static void listener_accept_cb(struct evconnlistener *l, evutil_socket_t fd,
 {
 	struct worker *w;
 
+	/* Before a word of AMQP: the socket is closed, as the broker does
+	 * when it is out of connections. */
 	if (listener_open_connections() >= (unsigned long)listener_max_connections) {
-		log_warning("max_connections (%ld) reached: refusing a connection",
-			    listener_max_connections);
+		char what[96];
+
+		snprintf(what, sizeof(what), "%ld connections open", listener_max_connections);
+		limits_refused(LIMITS_MAX_CONNECTIONS, what);
+		__atomic_add_fetch(&listener_workers[0].stats.refused_max_connections, 1,
+				   __ATOMIC_RELAXED);
 		close(fd);
 		return;
 	}
+	limits_admitted(LIMITS_MAX_CONNECTIONS);
 	w = &listener_workers[listener_next];
 	listener_next = (listener_next + 1) % listener_nworkers;
 	if (worker_assign(w, fd, sa, salen) != 0)

@@ -4,6 +4,7 @@
 #include "hooks.h"
 #include "janitor.h"
 #include "jobs.h"
+#include "limits.h"
 #include "listener.h"
 #include "log.h"
 #include "rules.h"
@@ -191,6 +192,8 @@ int main(int argc, char **argv)
 	worker_settings.buffer_limit = config_num(&cfg, CFG_BUFFER_LIMIT);
 	worker_settings.max_frame_pre_tune = config_num(&cfg, CFG_MAX_FRAME_PRE_TUNE);
 	worker_settings.max_message_size = config_num(&cfg, CFG_MAX_MESSAGE_SIZE);
+	limits_init(config_num(&cfg, CFG_MAX_CONNECTIONS_PER_VHOST),
+		    config_num(&cfg, CFG_MAX_CHANNELS));
 
 	signal(SIGPIPE, SIG_IGN);
 	main_raise_nofile();

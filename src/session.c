@@ -5,6 +5,7 @@
 #include "../amqp/content.h"
 #include "../amqp/frame_scan.h"
 #include "../amqp/method.h"
+#include "limits.h"
 #include "log.h"
 #include "rules.h"
 #include "worker.h"
@@ -114,6 +115,8 @@ static void session_destroy(struct session *s)
 {
 	uint32_t i;
 
+	if (s->vhost_counted)
+		limits_vhost_leave(s->vhost);
 	pipeline_detach(s);
 	for (i = 0; i < s->nchans; i++)
 		channel_free(s->chans[i]);
@@ -286,6 +289,43 @@ void session_close(struct session *s, uint16_t code, const char *text)
 	session_enter(s);
 	session_shut(s, code, text);
 	session_leave(s);
+}
+
+/* A channel is closed (or opened anew): its state goes. */
+static void session_channel_shut(struct session *s, struct channel *ch)
+{
+	if (ch->open && s->nopen > 0)
+		s->nopen--;
+	channel_reset(ch);
+	ch->open = 0;
+}
+
+/* A limit refuses what the client asked for: connection.close 530 with the
+ * reason, as the broker words its own limits; logged once per episode. */
+static void session_refuse(struct session *s, enum limits_reason r, const struct frame_info *fi)
+{
+	char text[256];
+
+	if (r == LIMITS_MAX_CHANNELS) {
+		snprintf(text, sizeof(text),
+			 "NOT_ALLOWED - number of channels opened (%u) has reached the proxy's "
+			 "max_channels (%ld)",
+			 s->nopen, limits_max_channels());
+		s->w->stats.refused_max_channels++;
+	} else {
+		snprintf(text, sizeof(text),
+			 "NOT_ALLOWED - connection limit (%ld) for vhost '%s' reached "
+			 "(max_connections_per_vhost)",
+			 limits_max_per_vhost(), s->vhost);
+		s->w->stats.refused_max_connections_per_vhost++;
+	}
+	limits_refused(r, text);
+	session_log(s, LOG_DEBUG, "refused: %s", text);
+	if (s->client.tr && s->closable)
+		method_write_connection_close(transport_output(s->client.tr), REPLY_NOT_ALLOWED,
+					      text, fi->class_id, fi->method_id);
+	s->closable = 0; /* written: session_shut adds none */
+	session_shut(s, REPLY_NOT_ALLOWED, text);
 }
 
 /* A frame from the client broke the protocol. */
@@ -764,6 +804,12 @@ static int session_method(struct session *s, struct leg *from, const struct fram
 
 		snprintf(s->vhost, sizeof(s->vhost), "%.*s", (int)o->virtual_host.len,
 			 (const char *)o->virtual_host.bytes);
+		if (limits_vhost_enter(s->vhost) != 0) {
+			session_refuse(s, LIMITS_MAX_CONNECTIONS_PER_VHOST, fi);
+			recycle_amqp_pool(pool);
+			return -1;
+		}
+		s->vhost_counted = limits_max_per_vhost() > 0;
 		pipeline_attach(s);
 		break;
 	}
@@ -776,13 +822,24 @@ static int session_method(struct session *s, struct leg *from, const struct fram
 		s->close_seen = 1;
 		break;
 	case AMQP_CHANNEL_OPEN_METHOD:
-		if (ch)
-			channel_reset(ch);
+		if (ch && to_broker && !ch->open && limits_max_channels() > 0 &&
+		    s->nopen >= (unsigned)limits_max_channels()) {
+			session_refuse(s, LIMITS_MAX_CHANNELS, fi);
+			recycle_amqp_pool(pool);
+			return -1;
+		}
+		if (ch) {
+			session_channel_shut(s, ch);
+			if (to_broker) {
+				ch->open = 1;
+				s->nopen++;
+			}
+		}
 		break;
 	case AMQP_CHANNEL_CLOSE_OK_METHOD:
 		if (ch) {
 			pipeline_channel_closed(s, ch);
-			channel_reset(ch);
+			session_channel_shut(s, ch);
 		}
 		break;
 	case AMQP_CONFIRM_SELECT_METHOD:
@@ -1061,7 +1118,7 @@ static int session_channel_closing(struct session *s, struct leg *from,
 							 : CHAN_CLOSING_CLIENT);
 		if (!ch->proxy_closing) {
 			pipeline_channel_closed(s, ch);
-			channel_reset(ch);
+			session_channel_shut(s, ch);
 		}
 	}
 	evbuffer_drain(transport_input(from->tr), frame_scan_wire_len(fi));

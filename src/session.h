@@ -51,6 +51,8 @@ struct session {
 	unsigned started : 1;        /* connection.start reached the client */
 	unsigned client_flowing : 1; /* the client's frames are read (started) */
 	unsigned closable : 1;       /* the client may be sent connection.close */
+	unsigned vhost_counted : 1;  /* counted against max_connections_per_vhost */
+	unsigned nopen;              /* channels the client has open */
 	unsigned close_seen : 1;     /* a connection.close passed through */
 	unsigned logged_error : 1;
 	struct channel **chans;
