@@ -173,19 +173,61 @@ static void admin_stats(struct evhttp_request *req, void *arg)
 	for (i = 0; i < admin_nworkers; i++) {
 		const struct stats *st = &admin_workers[i].stats;
 
-#define ADMIN_SUM(name, help) sum.name += __atomic_load_n(&st->name, __ATOMIC_RELAXED);
+#define ADMIN_SUM(name, metric, labels, help) \
+	sum.name += __atomic_load_n(&st->name, __ATOMIC_RELAXED);
 		STATS_COUNTERS(ADMIN_SUM)
 #undef ADMIN_SUM
 		open += __atomic_load_n(&admin_workers[i].nsessions, __ATOMIC_RELAXED);
 	}
 	evbuffer_add_printf(out, "{\n  \"connections_open\": %lu", open);
-#define ADMIN_PRINT(name, help) \
+#define ADMIN_PRINT(name, metric, labels, help) \
 	evbuffer_add_printf(out, ",\n  \"%s\": %llu", #name, (unsigned long long)sum.name);
 	STATS_COUNTERS(ADMIN_PRINT)
 #undef ADMIN_PRINT
 	evbuffer_add_printf(out, "\n}\n");
 	evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
 			  "application/json");
+	evhttp_send_reply(req, 200, "OK", out);
+	evbuffer_free(out);
+}
+
+/* GET /metrics: the counters in Prometheus' text format. */
+static void admin_metrics(struct evhttp_request *req, void *arg)
+{
+	struct evbuffer *out = evbuffer_new();
+	struct stats sum;
+	unsigned long open = 0;
+	const char *family = "";
+	int i;
+
+	memset(&sum, 0, sizeof(sum));
+	for (i = 0; i < admin_nworkers; i++) {
+		const struct stats *st = &admin_workers[i].stats;
+
+#define ADMIN_SUM(name, metric, labels, help) \
+	sum.name += __atomic_load_n(&st->name, __ATOMIC_RELAXED);
+		STATS_COUNTERS(ADMIN_SUM)
+#undef ADMIN_SUM
+		open += __atomic_load_n(&admin_workers[i].nsessions, __ATOMIC_RELAXED);
+	}
+	evbuffer_add_printf(out,
+			    "# HELP acemq_proxy_connections_open client connections open now\n"
+			    "# TYPE acemq_proxy_connections_open gauge\n"
+			    "acemq_proxy_connections_open %lu\n",
+			    open);
+	/* Counters of one metric are listed together: HELP and TYPE once. */
+#define ADMIN_METRIC(name, metric, labels, help)                                            \
+	if (strcmp(family, metric) != 0) {                                                  \
+		family = metric;                                                            \
+		evbuffer_add_printf(out, "# HELP %s %s\n# TYPE %s counter\n", metric, help, \
+				    metric);                                                \
+	}                                                                                   \
+	evbuffer_add_printf(out, "%s%s%s%s %llu\n", metric, labels[0] ? "{" : "", labels,   \
+			    labels[0] ? "}" : "", (unsigned long long)sum.name);
+	STATS_COUNTERS(ADMIN_METRIC)
+#undef ADMIN_METRIC
+	evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
+			  "text/plain; version=0.0.4");
 	evhttp_send_reply(req, 200, "OK", out);
 	evbuffer_free(out);
 }
@@ -241,6 +283,8 @@ int admin_open(struct event_base *base, const char *addr, const struct config *c
 	evhttp_set_cb(admin_http, "/stats", admin_stats, NULL);
 	evhttp_set_cb(admin_http, "/config", admin_config, NULL);
 	evhttp_set_cb(admin_http, "/health", admin_health, NULL);
+	evhttp_set_cb(admin_http, "/healthz", admin_health, NULL);
+	evhttp_set_cb(admin_http, "/metrics", admin_metrics, NULL);
 	evhttp_set_cb(admin_http, "/reload", admin_reload, NULL);
 	evhttp_set_gencb(admin_http, admin_other, NULL);
 	log_info("admin endpoint on %s", addr);

@@ -1,41 +1,71 @@
-/* stats: the proxy's counters, one X-macro list for storage, sums and display. */
+/* stats: the proxy's counters, one X-macro list for storage, sums and display:
+ * X(field, Prometheus metric, its labels, help). Counters sharing a metric
+ * are listed together. */
 #ifndef ACEMQ_STATS_H
 #define ACEMQ_STATS_H
 
 #include <stdint.h>
 
-#define STATS_COUNTERS(X)                                                                      \
-	X(connections_accepted, "client connections accepted")                                 \
-	X(connections_closed, "client connections closed")                                     \
-	X(connections_refused, "connections refused (limit or bad header)")                    \
-	X(upstream_failures, "broker connections that failed or were lost")                    \
-	X(protocol_errors, "connections closed for a protocol violation")                      \
-	X(frames_to_broker, "frames forwarded to the broker")                                  \
-	X(frames_to_client, "frames forwarded to clients")                                     \
-	X(bytes_to_broker, "bytes forwarded to the broker")                                    \
-	X(bytes_to_client, "bytes forwarded to clients")                                       \
-	X(messages_assembled, "messages assembled for a hook")                                 \
-	X(messages_swallowed, "deliveries swallowed by a hook")                                \
-	X(publishes_answered, "publishes answered by the proxy")                               \
-	X(publishes_refused, "publishes refused (nack or channel closed)")                     \
-	X(backpressure_pauses, "times a leg paused because the other was full")                \
-	X(refused_max_connections, "connections refused: max_connections")                     \
-	X(refused_max_connections_per_vhost, "connections refused: max_connections_per_vhost") \
-	X(refused_max_channels, "connections closed: max_channels")                            \
-	X(rules_reloads, "rules sets loaded after start")                                      \
-	X(reply_to_header_added, "acemq-reply-to headers added")                               \
-	X(reply_to_property_set, "reply-to properties set from the header")                    \
-	X(reply_to_mismatch, "messages whose header and property differed")                    \
-	X(claims_offloaded, "bodies offloaded to a claim store")                               \
-	X(claims_offloaded_bytes, "payload bytes offloaded")                                   \
-	X(claims_rehydrated, "claim checks replaced by their payload")                         \
-	X(claims_inline_stripped, "inline-framed bodies unframed")                             \
-	X(claims_missing, "claim checks whose payload was not in the store")                   \
-	X(claims_bad_keys, "claim checks with a key the store never issues")                   \
-	X(claims_store_errors, "claim store reads or writes that failed")
+#define STATS_COUNTERS(X)                                                                 \
+	X(connections_accepted, "acemq_proxy_connections_accepted_total", "",             \
+	  "client connections accepted")                                                  \
+	X(connections_closed, "acemq_proxy_connections_closed_total", "",                 \
+	  "client connections closed")                                                    \
+	X(connections_refused, "acemq_proxy_connections_refused_total",                   \
+	  "reason=\"protocol_header\"", "connections refused, by reason")                 \
+	X(refused_max_connections, "acemq_proxy_connections_refused_total",               \
+	  "reason=\"max_connections\"", "connections refused, by reason")                 \
+	X(refused_max_connections_per_vhost, "acemq_proxy_connections_refused_total",     \
+	  "reason=\"max_connections_per_vhost\"", "connections refused, by reason")       \
+	X(refused_max_channels, "acemq_proxy_connections_refused_total",                  \
+	  "reason=\"max_channels\"", "connections refused, by reason")                    \
+	X(upstream_failures, "acemq_proxy_upstream_failures_total", "",                   \
+	  "broker connections that failed or were lost")                                  \
+	X(protocol_errors, "acemq_proxy_protocol_errors_total", "",                       \
+	  "connections closed for a protocol violation")                                  \
+	X(frames_to_broker, "acemq_proxy_frames_total", "direction=\"to_broker\"",        \
+	  "frames forwarded, by direction")                                               \
+	X(frames_to_client, "acemq_proxy_frames_total", "direction=\"to_client\"",        \
+	  "frames forwarded, by direction")                                               \
+	X(bytes_to_broker, "acemq_proxy_bytes_total", "direction=\"to_broker\"",          \
+	  "bytes forwarded, by direction")                                                \
+	X(bytes_to_client, "acemq_proxy_bytes_total", "direction=\"to_client\"",          \
+	  "bytes forwarded, by direction")                                                \
+	X(messages_assembled, "acemq_proxy_messages_assembled_total", "",                 \
+	  "messages assembled for a hook")                                                \
+	X(messages_swallowed, "acemq_proxy_messages_swallowed_total", "",                 \
+	  "deliveries swallowed by a hook")                                               \
+	X(publishes_answered, "acemq_proxy_publishes_answered_total", "",                 \
+	  "publishes answered by the proxy")                                              \
+	X(publishes_refused, "acemq_proxy_publishes_refused_total", "",                   \
+	  "publishes refused (nack or channel closed)")                                   \
+	X(backpressure_pauses, "acemq_proxy_backpressure_pauses_total", "",               \
+	  "times a leg paused because the other was full")                                \
+	X(rules_reloads, "acemq_proxy_rules_reloads_total", "",                           \
+	  "rules sets loaded after start")                                                \
+	X(reply_to_header_added, "acemq_proxy_reply_to_total", "change=\"header_added\"", \
+	  "reply addresses normalised, by change")                                        \
+	X(reply_to_property_set, "acemq_proxy_reply_to_total", "change=\"property_set\"", \
+	  "reply addresses normalised, by change")                                        \
+	X(reply_to_mismatch, "acemq_proxy_reply_to_total", "change=\"mismatch\"",         \
+	  "reply addresses normalised, by change")                                        \
+	X(claims_offloaded, "acemq_proxy_claims_offloaded_total", "",                     \
+	  "bodies offloaded to a claim store")                                            \
+	X(claims_offloaded_bytes, "acemq_proxy_claims_offloaded_bytes_total", "",         \
+	  "payload bytes offloaded")                                                      \
+	X(claims_rehydrated, "acemq_proxy_claims_rehydrated_total", "",                   \
+	  "claim checks replaced by their payload")                                       \
+	X(claims_inline_stripped, "acemq_proxy_claims_inline_stripped_total", "",         \
+	  "inline-framed bodies unframed")                                                \
+	X(claims_missing, "acemq_proxy_claims_missing_total", "why=\"not_in_store\"",     \
+	  "claim checks without a payload, by why")                                       \
+	X(claims_bad_keys, "acemq_proxy_claims_missing_total", "why=\"bad_key\"",         \
+	  "claim checks without a payload, by why")                                       \
+	X(claims_store_errors, "acemq_proxy_claims_store_errors_total", "",               \
+	  "claim store reads or writes that failed")
 
 struct stats {
-#define STATS_FIELD(name, help) uint64_t name;
+#define STATS_FIELD(name, metric, labels, help) uint64_t name;
 	STATS_COUNTERS(STATS_FIELD)
 #undef STATS_FIELD
 };

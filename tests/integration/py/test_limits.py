@@ -175,3 +175,40 @@ def test_connect_timeout(rabbitmq):
         for f in fillers:
             f.close()
         lst.close()
+
+
+def test_metrics_parse_and_count(limited):
+    """GET /metrics parses with python3-prometheus-client's parser and its
+    values follow the traffic sent."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def scrape():
+        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % limited.admin, timeout=5) as r:
+            text = r.read().decode()
+        out = {}
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+        return out
+
+    before = scrape()
+    body = b"m" * 1000
+    conn = support.connect(limited.listen_port, virtual_host=VHOST)
+    ch = conn.channel()
+    q = ch.queue_declare("", exclusive=True).method.queue
+    for _ in range(10):
+        ch.basic_publish("", q, body)
+    conn.close()
+    time.sleep(0.3)
+    after = scrape()
+
+    def delta(name, **labels):
+        key = (name, tuple(sorted(labels.items())))
+        return after[key] - before.get(key, 0)
+
+    assert delta("acemq_proxy_connections_accepted_total") == 1
+    assert delta("acemq_proxy_connections_closed_total") == 1
+    assert delta("acemq_proxy_bytes_total", direction="to_broker") >= 10 * len(body)
+    assert delta("acemq_proxy_frames_total", direction="to_broker") >= 30
+    assert ("acemq_proxy_connections_refused_total", (("reason", "max_channels"),)) in after
+    assert after[("acemq_proxy_connections_open", ())] >= 0
