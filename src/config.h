@@ -7,42 +7,45 @@
 #define CONFIG_MAX_LISTEN 16
 
 /* X(id, name, type, default, min, max, help) */
-#define CONFIG_SETTINGS(X)                                                                    \
-	X(LISTEN, "listen", CFG_LIST, "127.0.0.1:5673", 0, 0,                                 \
-	  "client address HOST:PORT ([v6]:PORT); repeatable")                                 \
-	X(UPSTREAM, "upstream", CFG_ADDR, "127.0.0.1:5672", 0, 0, "broker address HOST:PORT") \
-	X(RULES, "rules", CFG_STR, "", 0, 0, "rules directory (empty: none)")                 \
-	X(DATA_DIR, "data_dir", CFG_STR, "/var/lib/acemq-proxy", 0, 0,                        \
-	  "directory for the proxy's own state")                                              \
-	X(ADMIN, "admin", CFG_STR, "", 0, 0, "admin HTTP address HOST:PORT (empty: off)")     \
-	X(WORKERS, "workers", CFG_INT, "0", 0, 256, "worker threads (0: one per core)")       \
-	X(LOG_LEVEL, "log_level", CFG_LEVEL, "info", 0, 0, "error, warning, info or debug")   \
-	X(CONNECT_TIMEOUT_MS, "connect_timeout_ms", CFG_INT, "5000", 1, 600000,               \
-	  "time to reach the broker before the client is closed")                             \
-	X(HANDSHAKE_TIMEOUT_MS, "handshake_timeout_ms", CFG_INT, "10000", 1, 600000,          \
-	  "time a client has to open its connection")                                         \
-	X(DRAIN_TIMEOUT_MS, "drain_timeout_ms", CFG_INT, "10000", 0, 3600000,                 \
-	  "on SIGTERM, how long open connections may finish")                                 \
-	X(BUFFER_LIMIT, "buffer_limit", CFG_INT, "1048576", 16384, 1073741824,                \
-	  "bytes queued towards one leg before the other pauses")                             \
-	X(MAX_FRAME_PRE_TUNE, "max_frame_pre_tune", CFG_INT, "131072", 4096, 16777216,        \
-	  "largest frame accepted before tune-ok")                                            \
-	X(MAX_MESSAGE_SIZE, "max_message_size", CFG_INT, "134217728", 4096, 2147483647,       \
-	  "largest message the proxy will hold whole")                                        \
-	X(MAX_CONNECTIONS, "max_connections", CFG_INT, "10000", 1, 1000000,                   \
-	  "client connections accepted at once")                                              \
-	X(MAX_CONNECTIONS_PER_VHOST, "max_connections_per_vhost", CFG_INT, "0", 0, 1000000,   \
-	  "client connections open on one vhost at once (0: no limit)")                       \
-	X(MAX_CHANNELS, "max_channels", CFG_INT, "0", 0, 65535,                               \
-	  "channels open on one client connection at once (0: no limit)")                     \
-	X(STATE_MAP_MB, "state_map_mb", CFG_INT, "8192", 1, 16777216,                         \
-	  "largest size of the LMDB state (MiB of address space)")                            \
-	X(STATE_SYNC, "state_sync", CFG_INT, "1", 0, 1,                                       \
-	  "1: every commit is fsynced; 0: not (survives a crash of the proxy, not of the "    \
-	  "host)")                                                                            \
-	X(IO_THREADS, "io_threads", CFG_INT, "4", 1, 64,                                      \
-	  "threads for store reads and filesystem writes")                                    \
-	X(PURGE_INTERVAL_S, "purge_interval_s", CFG_INT, "3600", 0, 86400,                    \
+#define CONFIG_SETTINGS(X)                                                                  \
+	X(LISTEN, "listen", CFG_LIST, "127.0.0.1:5673", 0, 0,                               \
+	  "client address HOST:PORT ([v6]:PORT); repeatable")                               \
+	X(UPSTREAM, "upstream", CFG_LIST, "127.0.0.1:5672", 0, 0,                           \
+	  "broker address HOST:PORT; repeatable: tried in order for each client")           \
+	X(UPSTREAM_RETRY_MS, "upstream_retry_ms", CFG_INT, "10000", 0, 3600000,             \
+	  "how long a broker address that failed is tried last")                            \
+	X(RULES, "rules", CFG_STR, "", 0, 0, "rules directory (empty: none)")               \
+	X(DATA_DIR, "data_dir", CFG_STR, "/var/lib/acemq-proxy", 0, 0,                      \
+	  "directory for the proxy's own state")                                            \
+	X(ADMIN, "admin", CFG_STR, "", 0, 0, "admin HTTP address HOST:PORT (empty: off)")   \
+	X(WORKERS, "workers", CFG_INT, "0", 0, 256, "worker threads (0: one per core)")     \
+	X(LOG_LEVEL, "log_level", CFG_LEVEL, "info", 0, 0, "error, warning, info or debug") \
+	X(CONNECT_TIMEOUT_MS, "connect_timeout_ms", CFG_INT, "5000", 1, 600000,             \
+	  "time to reach the broker before the client is closed")                           \
+	X(HANDSHAKE_TIMEOUT_MS, "handshake_timeout_ms", CFG_INT, "10000", 1, 600000,        \
+	  "time a client has to open its connection")                                       \
+	X(DRAIN_TIMEOUT_MS, "drain_timeout_ms", CFG_INT, "10000", 0, 3600000,               \
+	  "on SIGTERM, how long open connections may finish")                               \
+	X(BUFFER_LIMIT, "buffer_limit", CFG_INT, "1048576", 16384, 1073741824,              \
+	  "bytes queued towards one leg before the other pauses")                           \
+	X(MAX_FRAME_PRE_TUNE, "max_frame_pre_tune", CFG_INT, "131072", 4096, 16777216,      \
+	  "largest frame accepted before tune-ok")                                          \
+	X(MAX_MESSAGE_SIZE, "max_message_size", CFG_INT, "134217728", 4096, 2147483647,     \
+	  "largest message the proxy will hold whole")                                      \
+	X(MAX_CONNECTIONS, "max_connections", CFG_INT, "10000", 1, 1000000,                 \
+	  "client connections accepted at once")                                            \
+	X(MAX_CONNECTIONS_PER_VHOST, "max_connections_per_vhost", CFG_INT, "0", 0, 1000000, \
+	  "client connections open on one vhost at once (0: no limit)")                     \
+	X(MAX_CHANNELS, "max_channels", CFG_INT, "0", 0, 65535,                             \
+	  "channels open on one client connection at once (0: no limit)")                   \
+	X(STATE_MAP_MB, "state_map_mb", CFG_INT, "8192", 1, 16777216,                       \
+	  "largest size of the LMDB state (MiB of address space)")                          \
+	X(STATE_SYNC, "state_sync", CFG_INT, "1", 0, 1,                                     \
+	  "1: every commit is fsynced; 0: not (survives a crash of the proxy, not of the "  \
+	  "host)")                                                                          \
+	X(IO_THREADS, "io_threads", CFG_INT, "4", 1, 64,                                    \
+	  "threads for store reads and filesystem writes")                                  \
+	X(PURGE_INTERVAL_S, "purge_interval_s", CFG_INT, "3600", 0, 86400,                  \
 	  "how often claim payloads past their retention are removed (0: never)")
 
 enum config_id {

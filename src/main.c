@@ -10,6 +10,7 @@
 #include "rules.h"
 #include "store/claims.h"
 #include "store/state.h"
+#include "upstream.h"
 #include "worker.h"
 
 #include "build_config.h"
@@ -118,29 +119,6 @@ static void main_hup_cb(evutil_socket_t sig, short what, void *arg)
 	main_load_rules(NULL);
 }
 
-static int main_resolve_upstream(const char *addr)
-{
-	struct addrinfo hints, *res = NULL;
-	char host[256], port[16];
-	int p;
-
-	if (config_addr_split(addr, host, sizeof(host), &p) != 0)
-		return -1;
-	snprintf(port, sizeof(port), "%d", p);
-	memset(&hints, 0, sizeof(hints));
-	hints.ai_socktype = SOCK_STREAM;
-	if (getaddrinfo(host, port, &hints, &res) != 0 || res == NULL) {
-		fprintf(stderr, "upstream: cannot resolve %s\n", addr);
-		return -1;
-	}
-	memcpy(&worker_settings.upstream, res->ai_addr, res->ai_addrlen);
-	worker_settings.upstream_len = (int)res->ai_addrlen;
-	snprintf(worker_settings.upstream_name, sizeof(worker_settings.upstream_name), "%s",
-		 addr);
-	freeaddrinfo(res);
-	return 0;
-}
-
 static void main_raise_nofile(void)
 {
 	struct rlimit rl;
@@ -161,8 +139,10 @@ int main(int argc, char **argv)
 	long workers;
 
 	nerr = config_load(&cfg, argc, argv, stderr);
-	if (nerr == 0 && main_resolve_upstream(config_str(&cfg, CFG_UPSTREAM)) != 0)
-		nerr++;
+	for (i = 0; nerr == 0 && i < cfg.v[CFG_UPSTREAM].nlist; i++)
+		if (upstream_add(cfg.v[CFG_UPSTREAM].list[i]) != 0)
+			nerr++;
+	upstream_set_retry_ms(config_num(&cfg, CFG_UPSTREAM_RETRY_MS));
 	{
 		int rerr = 0;
 		struct rules *r = rules_load(config_str(&cfg, CFG_RULES), stderr, &rerr);
@@ -253,7 +233,7 @@ int main(int argc, char **argv)
 	evsignal_add(sigint, NULL);
 	evsignal_add(sighup, NULL);
 	log_info("acemq-proxy %s: %d workers, upstream %s", PACKAGE_VERSION, main_nworkers,
-		 worker_settings.upstream_name);
+		 upstream_node(0)->name);
 
 	event_base_dispatch(base);
 

@@ -8,6 +8,7 @@
 #include "limits.h"
 #include "log.h"
 #include "rules.h"
+#include "upstream.h"
 #include "worker.h"
 
 #include "transport.h"
@@ -161,13 +162,18 @@ static void session_end(struct session *s)
 	session_set_state(s, SESSION_GONE);
 }
 
+static int session_connect_next(struct session *s);
+
 static void session_timer(struct session *s)
 {
 	switch (s->state) {
 	case SESSION_CONNECTING:
 		session_log(s, LOG_WARNING, "broker %s not reached within %ld ms",
-			    worker_settings.upstream_name, worker_settings.connect_timeout_ms);
+			    upstream_node(s->upstream_at)->name,
+			    worker_settings.connect_timeout_ms);
 		s->w->stats.upstream_failures++;
+		if (session_connect_next(s) == 0)
+			return; /* the next broker address */
 		break;
 	case SESSION_HEADER:
 	case SESSION_HANDSHAKE:
@@ -433,25 +439,49 @@ struct session *session_new(struct worker *w, int fd, const struct sockaddr *sa,
 	return s;
 }
 
-static int session_connect_upstream(struct session *s, const uint8_t header[8])
+/* Connect the broker leg to the next broker address this client has not
+ * tried (a node that just failed comes last). The client has sent only
+ * its header, which is queued again: a failover is invisible to it. */
+static int session_connect_upstream(struct session *s)
 {
 	struct transport *(*connect)(struct event_base *, const struct sockaddr *, int) =
 	    worker_settings.connect ? worker_settings.connect : transport_connect;
-	struct transport *tr = connect(s->w->base, (struct sockaddr *)&worker_settings.upstream,
-				       worker_settings.upstream_len);
+	struct transport *tr = NULL;
+	const struct upstream_node *n;
+	int i;
 
-	if (tr == NULL) {
-		session_log(s, LOG_WARNING, "cannot connect to broker %s: %s",
-			    worker_settings.upstream_name, strerror(errno));
-		s->w->stats.upstream_failures++;
-		return -1;
+	while (tr == NULL && (i = upstream_pick(s->upstream_tried)) >= 0) {
+		n = upstream_node(i);
+		s->upstream_tried |= 1u << i;
+		s->upstream_at = i;
+		tr = connect(s->w->base, (const struct sockaddr *)&n->sa, n->salen);
+		if (tr == NULL) {
+			session_log(s, LOG_WARNING, "cannot connect to broker %s: %s", n->name,
+				    strerror(errno));
+			s->w->stats.upstream_failures++;
+			upstream_failed(i);
+		}
 	}
+	if (tr == NULL)
+		return -1;
 	session_leg_setup(s, &s->upstream, tr, DIR_TO_CLIENT);
 	session_set_state(s, SESSION_CONNECTING);
 	/* The header is queued now and sent once connected. */
-	evbuffer_add(transport_output(tr), header, 8);
+	evbuffer_add(transport_output(tr), s->header, sizeof(s->header));
 	transport_read_enable(tr);
 	return 0;
+}
+
+/* The broker address being tried failed: the next one, if any. */
+static int session_connect_next(struct session *s)
+{
+	upstream_failed(s->upstream_at);
+	if (s->upstream.tr) {
+		transport_free(s->upstream.tr);
+		s->upstream.tr = NULL;
+	}
+	memset(&s->upstream, 0, sizeof(s->upstream));
+	return session_connect_upstream(s);
 }
 
 /* The client's protocol header. Returns 0 to go on, -1 if s is gone. */
@@ -475,7 +505,8 @@ static int session_header(struct session *s)
 		return -1;
 	}
 	evbuffer_drain(in, sizeof(hdr));
-	if (session_connect_upstream(s, hdr) != 0) {
+	memcpy(s->header, hdr, sizeof(hdr));
+	if (session_connect_upstream(s) != 0) {
 		session_end(s);
 		return -1;
 	}
@@ -1325,6 +1356,7 @@ static void session_drained(struct session *s, struct leg *l)
 
 static void session_connected(struct session *s, struct leg *l)
 {
+	upstream_ok(s->upstream_at);
 	session_nodelay(transport_fd(l->tr));
 	session_set_state(s, SESSION_HANDSHAKE);
 }
@@ -1351,9 +1383,10 @@ static void session_leg_end(struct session *s, struct leg *l, int err)
 
 	if (err && s->state == SESSION_CONNECTING && l == &s->upstream) {
 		session_log(s, LOG_WARNING, "cannot connect to broker %s: %s",
-			    worker_settings.upstream_name, strerror(err));
+			    upstream_node(s->upstream_at)->name, strerror(err));
 		s->w->stats.upstream_failures++;
-		session_end(s);
+		if (session_connect_next(s) != 0)
+			session_end(s);
 		return;
 	}
 	snprintf(why, sizeof(why), "%s", err ? strerror(err) : "end of stream");

@@ -53,6 +53,9 @@ struct session {
 	unsigned closable : 1;       /* the client may be sent connection.close */
 	unsigned vhost_counted : 1;  /* counted against max_connections_per_vhost */
 	unsigned nopen;              /* channels the client has open */
+	uint8_t header[8];           /* the client's protocol header, for a failover */
+	unsigned upstream_tried;     /* broker addresses tried (a bit each) */
+	int upstream_at;             /* the one being tried or used */
 	unsigned close_seen : 1;     /* a connection.close passed through */
 	unsigned logged_error : 1;
 	struct channel **chans;

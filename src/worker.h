@@ -17,9 +17,6 @@ struct transport;
 
 /* Settings every worker reads; written once before the workers start. */
 struct worker_settings {
-	struct sockaddr_storage upstream;
-	int upstream_len;
-	char upstream_name[300];
 	long connect_timeout_ms;
 	long handshake_timeout_ms;
 	long drain_timeout_ms;

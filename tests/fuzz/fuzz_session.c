@@ -19,6 +19,7 @@
 #include "src/rules.h"
 #include "src/session.h"
 #include "src/transport.h"
+#include "src/upstream.h"
 #include "src/worker.h"
 
 #include <errno.h>
@@ -144,18 +145,17 @@ static struct rules *fuzz_rules(const char *json)
 
 static void fuzz_init(void)
 {
-	struct sockaddr_in *in = (struct sockaddr_in *)&worker_settings.upstream;
+	struct sockaddr_in in = {.sin_family = AF_INET, .sin_port = htons(5672)};
 
 	signal(SIGPIPE, SIG_IGN);
 	log_threshold = getenv("FUZZ_SESSION_LOG") ? LOG_DEBUG : LOG_ERROR;
 	setenv("ACEMQ_PROXY_TEST_HOOK", "1", 1);
 	hooks_register();
-	in->sin_family = AF_INET;
-	in->sin_port = htons(5672);
-	in->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	worker_settings.upstream_len = sizeof(*in);
-	snprintf(worker_settings.upstream_name, sizeof(worker_settings.upstream_name),
-		 "fuzz-broker");
+	/* Two broker addresses: a failed connect fails over to the next. */
+	in.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	upstream_add_sockaddr((struct sockaddr *)&in, sizeof(in), "fuzz-broker-a");
+	upstream_add_sockaddr((struct sockaddr *)&in, sizeof(in), "fuzz-broker-b");
+	upstream_set_retry_ms(0);
 	worker_settings.connect_timeout_ms = 60000;
 	worker_settings.handshake_timeout_ms = 60000;
 	worker_settings.drain_timeout_ms = 1000;

@@ -45,8 +45,10 @@ class ProxyProcess(object):
     """One acemq-proxy subprocess with its stderr kept in a file."""
 
     def __init__(self, name, binary, upstream_port, listen_port=None, env=None, log_level="info",
-                 extra_args=()):
+                 extra_args=(), upstreams=None):
         self.name = name
+        # several broker addresses (HOST:PORT), tried in order; default the one port
+        self.upstreams = upstreams or ["%s:%d" % (support.HOST, upstream_port)]
         self.binary = binary
         self.upstream_port = upstream_port
         self.listen_port = listen_port or support.free_port()
@@ -62,10 +64,10 @@ class ProxyProcess(object):
 
     @property
     def argv(self):
-        return [self.binary,
-                "--listen", "%s:%d" % (support.HOST, self.listen_port),
-                "--upstream", "%s:%d" % (support.HOST, self.upstream_port),
-                "--log-level", self.log_level] + self.extra_args
+        argv = [self.binary, "--listen", "%s:%d" % (support.HOST, self.listen_port)]
+        for u in self.upstreams:
+            argv += ["--upstream", u]
+        return argv + ["--log-level", self.log_level] + self.extra_args
 
     def start(self, wait=True, timeout=10.0):
         if not os.path.isfile(self.binary) or not os.access(self.binary, os.X_OK):
