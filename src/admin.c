@@ -6,6 +6,7 @@
 #include "rules.h"
 #include "stats.h"
 #include "store/claims.h"
+#include "upstream.h"
 #include "worker.h"
 
 #include <event2/buffer.h>
@@ -21,6 +22,43 @@ static struct worker *admin_workers;
 static int admin_nworkers;
 static admin_reload_fn admin_reload_cb;
 static admin_rules_fn admin_rules_cb;
+static const char *admin_token;
+
+/* With a token set, every request carries it as a bearer token; compared
+ * in constant time. */
+static int admin_authorized(struct evhttp_request *req)
+{
+	const char *auth, *p;
+	size_t n, i;
+	unsigned char diff;
+
+	if (admin_token == NULL || admin_token[0] == '\0')
+		return 1;
+	auth = evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
+	if (auth == NULL || strncmp(auth, "Bearer ", 7) != 0)
+		return 0;
+	p = auth + 7;
+	n = strlen(admin_token);
+	if (strlen(p) != n)
+		return 0;
+	for (i = 0, diff = 0; i < n; i++)
+		diff |= (unsigned char)(p[i] ^ admin_token[i]);
+	return diff == 0;
+}
+
+static int admin_deny(struct evhttp_request *req)
+{
+	struct evbuffer *out;
+
+	if (admin_authorized(req))
+		return 0;
+	out = evbuffer_new();
+	evbuffer_add_printf(out, "a bearer token is required\n");
+	evhttp_add_header(evhttp_request_get_output_headers(req), "WWW-Authenticate", "Bearer");
+	evhttp_send_reply(req, 401, "Unauthorized", out);
+	evbuffer_free(out);
+	return 1;
+}
 
 static void admin_json(struct evhttp_request *req, int code, const char *reason,
 		       struct evbuffer *out)
@@ -132,6 +170,9 @@ static void admin_other(struct evhttp_request *req, void *arg)
 	const char *path = evhttp_uri_get_path(evhttp_request_get_evhttp_uri(req));
 	struct evbuffer *out;
 
+	if (admin_deny(req))
+		return;
+
 	if (path && strncmp(path, "/claims/", 8) == 0 &&
 	    evhttp_request_get_command(req) == EVHTTP_REQ_GET) {
 		admin_claims(req, path + 8);
@@ -147,6 +188,11 @@ static void admin_reload(struct evhttp_request *req, void *arg)
 {
 	struct evbuffer *out = evbuffer_new();
 	char *errors = NULL;
+
+	if (admin_deny(req)) {
+		evbuffer_free(out);
+		return;
+	}
 
 	if (evhttp_request_get_command(req) != EVHTTP_REQ_POST) {
 		evbuffer_add_printf(out, "use POST\n");
@@ -168,6 +214,11 @@ static void admin_stats(struct evhttp_request *req, void *arg)
 	struct stats sum;
 	unsigned long open = 0;
 	int i;
+
+	if (admin_deny(req)) {
+		evbuffer_free(out);
+		return;
+	}
 
 	memset(&sum, 0, sizeof(sum));
 	for (i = 0; i < admin_nworkers; i++) {
@@ -199,6 +250,11 @@ static void admin_metrics(struct evhttp_request *req, void *arg)
 	unsigned long open = 0;
 	const char *family = "";
 	int i;
+
+	if (admin_deny(req)) {
+		evbuffer_free(out);
+		return;
+	}
 
 	memset(&sum, 0, sizeof(sum));
 	for (i = 0; i < admin_nworkers; i++) {
@@ -239,6 +295,11 @@ static void admin_config(struct evhttp_request *req, void *arg)
 	size_t len = 0;
 	FILE *f = open_memstream(&text, &len);
 
+	if (admin_deny(req)) {
+		evbuffer_free(out);
+		return;
+	}
+
 	if (f) {
 		config_dump(admin_cfg, f);
 		fclose(f);
@@ -250,13 +311,77 @@ static void admin_config(struct evhttp_request *req, void *arg)
 	evbuffer_free(out);
 }
 
-static void admin_health(struct evhttp_request *req, void *arg)
+/* GET /readyz: a broker address answers (none is marked down). While the
+ * proxy drains the admin endpoint is closed, which a load balancer reads
+ * as not ready. */
+static void admin_ready(struct evhttp_request *req, void *arg)
 {
 	struct evbuffer *out = evbuffer_new();
 
+	if (upstream_any_up()) {
+		evbuffer_add_printf(out, "ready\n");
+		evhttp_send_reply(req, 200, "OK", out);
+	} else {
+		evbuffer_add_printf(out, "no broker address answers\n");
+		evhttp_send_reply(req, 503, "Service Unavailable", out);
+	}
+	evbuffer_free(out);
+}
+
+/* GET /rules: the rules in force: each vhost's file and its patterns. */
+static void admin_rules(struct evhttp_request *req, void *arg)
+{
+	struct evbuffer *out = evbuffer_new();
+	struct rules *r;
+	int i;
+
+	if (admin_deny(req)) {
+		evbuffer_free(out);
+		return;
+	}
+	r = admin_rules_cb ? admin_rules_cb() : NULL;
+	evbuffer_add_printf(out, "{\"generation\": %llu, \"vhosts\": [",
+			    r ? (unsigned long long)r->generation : 0ULL);
+	for (i = 0; r && i < r->n; i++) {
+		const struct rules_vhost *v = &r->v[i];
+
+		evbuffer_add_printf(out, "%s\n  {\"vhost\": ", i ? "," : "");
+		admin_json_str(out, v->vhost);
+		evbuffer_add_printf(out, ", \"file\": ");
+		admin_json_str(out, v->file ? v->file : "");
+		evbuffer_add_printf(out, ", \"reply_to\": %s", v->reply_to ? "true" : "false");
+		if (v->claim_check.enabled)
+			evbuffer_add_printf(
+			    out,
+			    ", \"claim_check\": {\"threshold\": %ld, \"store\": \"%s\", "
+			    "\"retention_s\": %ld, \"on_missing\": \"%s\"}",
+			    v->claim_check.threshold,
+			    v->claim_check.store == RULES_STORE_FILESYSTEM ? "filesystem"
+									   : "lmdb",
+			    v->claim_check.retention_s,
+			    v->claim_check.on_missing == RULES_MISSING_PASS ? "pass"
+									    : "dead-letter");
+		evbuffer_add_printf(out, ", \"schedule\": %s, \"idempotency\": %d}",
+				    v->schedule.enabled ? "true" : "false", v->nidempotency);
+	}
+	evbuffer_add_printf(out, "%s]}\n", r && r->n ? "\n" : "");
+	rules_unref(r);
+	admin_json(req, 200, "OK", out);
+	evbuffer_free(out);
+}
+
+static void admin_health(struct evhttp_request *req, void *arg)
+{
+	struct evbuffer *out = evbuffer_new();
 	evbuffer_add_printf(out, "ok\n");
 	evhttp_send_reply(req, 200, "OK", out);
 	evbuffer_free(out);
+}
+
+static int admin_loopback(const char *host)
+{
+	return strcmp(host, "localhost") == 0 || strncmp(host, "127.", 4) == 0 ||
+	       strcmp(host, "::1") == 0;
 }
 
 int admin_open(struct event_base *base, const char *addr, const struct config *cfg,
@@ -271,8 +396,15 @@ int admin_open(struct event_base *base, const char *addr, const struct config *c
 	admin_nworkers = nworkers;
 	admin_reload_cb = reload;
 	admin_rules_cb = rules;
+	admin_token = config_str(cfg, CFG_ADMIN_TOKEN);
 	if (config_addr_split(addr, host, sizeof(host), &port) != 0) {
 		log_error("admin %s: not HOST:PORT", addr);
+		return -1;
+	}
+	/* Counters, rules and reloads are not for the whole network: off
+	 * loopback the endpoint needs a token. */
+	if (!admin_loopback(host) && admin_token[0] == '\0') {
+		log_error("admin %s: not a loopback address, and no admin_token is set", addr);
 		return -1;
 	}
 	admin_http = evhttp_new(base);
@@ -285,6 +417,8 @@ int admin_open(struct event_base *base, const char *addr, const struct config *c
 	evhttp_set_cb(admin_http, "/health", admin_health, NULL);
 	evhttp_set_cb(admin_http, "/healthz", admin_health, NULL);
 	evhttp_set_cb(admin_http, "/metrics", admin_metrics, NULL);
+	evhttp_set_cb(admin_http, "/readyz", admin_ready, NULL);
+	evhttp_set_cb(admin_http, "/rules", admin_rules, NULL);
 	evhttp_set_cb(admin_http, "/reload", admin_reload, NULL);
 	evhttp_set_gencb(admin_http, admin_other, NULL);
 	log_info("admin endpoint on %s", addr);

@@ -150,6 +150,7 @@ static void config_set(struct config *cfg, FILE *err, enum config_id id, const c
 		v->num = level;
 		break;
 	case CFG_STR:
+	case CFG_SECRET:
 		break;
 	}
 	free(v->str);
@@ -345,6 +346,9 @@ void config_dump(const struct config *cfg, FILE *out)
 			for (j = 0; j < v->nlist; j++)
 				fprintf(out, "%s = %s  # %s\n", config_table[i].name,
 					v->list[j], v->source);
+		} else if (config_table[i].type == CFG_SECRET) {
+			fprintf(out, "%s = %s  # %s\n", config_table[i].name,
+				v->str && v->str[0] ? "(set, not shown)" : "", v->source);
 		} else {
 			fprintf(out, "%s = %s  # %s\n", config_table[i].name,
 				v->str ? v->str : "", v->source);

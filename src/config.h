@@ -18,6 +18,8 @@
 	X(DATA_DIR, "data_dir", CFG_STR, "/var/lib/acemq-proxy", 0, 0,                      \
 	  "directory for the proxy's own state")                                            \
 	X(ADMIN, "admin", CFG_STR, "", 0, 0, "admin HTTP address HOST:PORT (empty: off)")   \
+	X(ADMIN_TOKEN, "admin_token", CFG_SECRET, "", 0, 0,                                 \
+	  "bearer token the admin endpoint asks for (needed off loopback)")                 \
 	X(WORKERS, "workers", CFG_INT, "0", 0, 256, "worker threads (0: one per core)")     \
 	X(LOG_LEVEL, "log_level", CFG_LEVEL, "info", 0, 0, "error, warning, info or debug") \
 	X(CONNECT_TIMEOUT_MS, "connect_timeout_ms", CFG_INT, "5000", 1, 600000,             \
@@ -55,7 +57,8 @@ enum config_id {
 	    CFG_COUNT
 };
 
-enum config_type { CFG_STR, CFG_ADDR, CFG_LIST, CFG_INT, CFG_LEVEL };
+/* CFG_SECRET: a string never shown (GET /config, --check-config). */
+enum config_type { CFG_STR, CFG_ADDR, CFG_LIST, CFG_INT, CFG_LEVEL, CFG_SECRET };
 
 struct config_value {
 	char *str;

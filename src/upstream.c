@@ -99,6 +99,17 @@ void upstream_failed(int i)
 			    upstream_retry_ms);
 }
 
+int upstream_any_up(void)
+{
+	long long now = upstream_now_ms();
+	int i;
+
+	for (i = 0; i < upstream_n; i++)
+		if (atomic_load(&upstream_down_until[i]) <= now)
+			return 1;
+	return 0;
+}
+
 void upstream_ok(int i)
 {
 	if (i >= 0 && i < upstream_n && atomic_exchange(&upstream_down_until[i], 0) != 0 &&

@@ -30,5 +30,7 @@ int upstream_pick(unsigned tried);
  * succeeded (marked up). */
 void upstream_failed(int i);
 void upstream_ok(int i);
+/* Whether some address is not marked down. */
+int upstream_any_up(void);
 
 #endif
