@@ -32,8 +32,12 @@ static void channel_clear(struct channel *ch)
 	}
 	tagmap_reset(&ch->tags);
 	confirmmap_reset(&ch->confirms);
-	for (i = 0; i < ch->nconsumers; i++)
+	for (i = 0; i < ch->nconsumers; i++) {
 		free(ch->consumers[i].tag);
+		free(ch->consumers[i].queue);
+	}
+	channel_set_str(&ch->consume_queue, NULL, 0);
+	channel_set_str(&ch->get_queue, NULL, 0);
 	free(ch->consumers);
 	ch->consumers = NULL;
 	ch->nconsumers = 0;
@@ -55,7 +59,14 @@ void channel_free(struct channel *ch)
 	free(ch);
 }
 
-int channel_consumer_add(struct channel *ch, const char *tag, size_t len, int no_ack)
+void channel_set_str(char **slot, const void *bytes, size_t len)
+{
+	free(*slot);
+	*slot = bytes ? strndup(bytes, len) : NULL;
+}
+
+int channel_consumer_add(struct channel *ch, const char *tag, size_t len, int no_ack,
+			 const char *queue)
 {
 	struct chan_consumer *n =
 	    realloc(ch->consumers, (size_t)(ch->nconsumers + 1) * sizeof(*n));
@@ -64,9 +75,12 @@ int channel_consumer_add(struct channel *ch, const char *tag, size_t len, int no
 		return -1;
 	ch->consumers = n;
 	n[ch->nconsumers].tag = strndup(tag, len);
+	n[ch->nconsumers].queue = queue ? strdup(queue) : NULL;
 	n[ch->nconsumers].no_ack = no_ack;
-	if (n[ch->nconsumers].tag == NULL)
+	if (n[ch->nconsumers].tag == NULL) {
+		free(n[ch->nconsumers].queue);
 		return -1;
+	}
 	ch->nconsumers++;
 	return 0;
 }
@@ -89,7 +103,15 @@ void channel_consumer_remove(struct channel *ch, const char *tag, size_t len)
 	if (i < 0)
 		return;
 	free(ch->consumers[i].tag);
+	free(ch->consumers[i].queue);
 	ch->consumers[i] = ch->consumers[--ch->nconsumers];
+}
+
+const char *channel_consumer_queue(const struct channel *ch, const char *tag, size_t len)
+{
+	int i = channel_consumer_find(ch, tag, len);
+
+	return i < 0 ? NULL : ch->consumers[i].queue;
 }
 
 int channel_consumer_no_ack(const struct channel *ch, const char *tag, size_t len)

@@ -25,6 +25,7 @@ struct chan_content {
 
 struct chan_consumer {
 	char *tag;
+	char *queue; /* the queue it consumes from */
 	int no_ack;
 };
 
@@ -34,10 +35,12 @@ struct channel {
 	struct tagmap tags;
 	struct confirmmap confirms;
 	int confirm_mode;
-	int open;           /* the client opened it (counted against max_channels) */
-	int proxy_closing;  /* the proxy closes it: close-oks still awaited */
-	int get_no_ack;     /* no_ack of the basic.get awaiting its answer */
-	int consume_no_ack; /* no_ack of a basic.consume awaiting consume-ok */
+	int open;            /* the client opened it (counted against max_channels) */
+	int proxy_closing;   /* the proxy closes it: close-oks still awaited */
+	int get_no_ack;      /* no_ack of the basic.get awaiting its answer */
+	int consume_no_ack;  /* no_ack of a basic.consume awaiting consume-ok */
+	char *consume_queue; /* queue of a basic.consume awaiting consume-ok */
+	char *get_queue;     /* queue of the basic.get awaiting its answer */
 	struct chan_consumer *consumers;
 	int nconsumers;
 	void *hook_state[4]; /* one slot per attached hook */
@@ -51,9 +54,14 @@ void channel_free(struct channel *ch);
 void channel_reset(struct channel *ch);
 
 /* Track a consumer (consume-ok gives the final tag), and look one up. */
-int channel_consumer_add(struct channel *ch, const char *tag, size_t len, int no_ack);
+int channel_consumer_add(struct channel *ch, const char *tag, size_t len, int no_ack,
+			 const char *queue);
 void channel_consumer_remove(struct channel *ch, const char *tag, size_t len);
 int channel_consumer_no_ack(const struct channel *ch, const char *tag, size_t len);
+/* The queue a consumer reads, or NULL. */
+const char *channel_consumer_queue(const struct channel *ch, const char *tag, size_t len);
+/* Remember a string (a pending consume's or get's queue); NULL clears. */
+void channel_set_str(char **slot, const void *bytes, size_t len);
 
 /* What an out-of-order frame is told, in the broker's words. */
 struct chan_error {

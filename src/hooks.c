@@ -2,11 +2,13 @@
 #include "hooks.h"
 
 #include "patterns/claim_check.h"
+#include "patterns/idempotency.h"
 #include "patterns/reply_to.h"
 #include "pipeline.h"
 
 void hooks_register(void)
 {
+	idempotency_register();
 	claim_check_register();
 	reply_to_register();
 	if (testhook_register)

@@ -7,6 +7,7 @@
 #include "limits.h"
 #include "listener.h"
 #include "log.h"
+#include "patterns/idempotency.h"
 #include "rules.h"
 #include "store/claims.h"
 #include "store/state.h"
@@ -192,6 +193,7 @@ int main(int argc, char **argv)
 				  "refuse their messages until it can be opened",
 				  err);
 		claims_init(state);
+		idempotency_init(state);
 	}
 	if (jobs_start((int)config_num(&cfg, CFG_IO_THREADS)) != 0) {
 		log_error("cannot start the I/O threads");

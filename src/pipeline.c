@@ -405,16 +405,28 @@ static int pipeline_finish(struct session *s, struct channel *ch, struct pipe_ms
 	}
 }
 
-int pipeline_complete(struct session *s, struct channel *ch, struct pipe_msg *m)
+/* The hooks from the from'th on, until one decides; a hook that waits
+ * is resumed from the next one. */
+static enum pipe_verdict pipeline_run(struct session *s, struct channel *ch, struct pipe_msg *m,
+				      int from)
 {
 	enum pipe_verdict v = PIPE_PASS;
 	int i;
 
-	if ((m->want & PIPE_WANT_BODY) && m->body == NULL)
-		m->body = evbuffer_new();
-	for (i = 0; i < s->nhooks && v == PIPE_PASS; i++)
+	for (i = from; i < s->nhooks && v == PIPE_PASS; i++)
 		if (s->hooks[i]->message)
 			v = s->hooks[i]->message(s->hook_state[i], s, ch, m);
+	m->next_hook = i;
+	return v;
+}
+
+int pipeline_complete(struct session *s, struct channel *ch, struct pipe_msg *m)
+{
+	enum pipe_verdict v;
+
+	if ((m->want & PIPE_WANT_BODY) && m->body == NULL)
+		m->body = evbuffer_new();
+	v = pipeline_run(s, ch, m, 0);
 	if (v == PIPE_PASS && m->streamer >= 0 && !m->body_dirty) {
 		/* The body went to the stream and nothing replaced it. */
 		log_error("hook %s streamed a body and gave no replacement",
@@ -450,10 +462,12 @@ int pipeline_resume(struct session *s, struct channel *ch, struct pipe_msg *m,
 	enum chan_dir dir = pipeline_dir(m);
 	int rc;
 
-	if (v == PIPE_PASS)
-		pipeline_rewrite(s, ch, m);
+	/* The hooks after the one that waited have their say. */
+	if (v == PIPE_PASS && !ch->proxy_closing)
+		v = pipeline_run(s, ch, m, m->next_hook);
+	if (v == PIPE_WAIT)
+		return 0; /* another hook waits: the leg stays held */
 	rc = pipeline_finish(s, ch, m, v);
-
 	session_unhold(s, dir);
 	return rc;
 }
@@ -560,6 +574,35 @@ void pipeline_drained(struct session *s)
 	for (i = 0; i < s->nhooks; i++)
 		if (s->hooks[i]->drained)
 			s->hooks[i]->drained(s->hook_state[i], s);
+}
+
+void pipeline_recovered(struct session *s, struct channel *ch)
+{
+	int i;
+
+	for (i = 0; i < s->nhooks; i++)
+		if (s->hooks[i]->recovered)
+			s->hooks[i]->recovered(s->hook_state[i], s, ch);
+}
+
+int pipeline_settle_gate(struct session *s, struct channel *ch, amqp_method_number_t how,
+			 uint64_t client_tag, int multiple)
+{
+	int i;
+
+	for (i = 0; i < s->nhooks; i++)
+		if (s->hooks[i]->settle_gate &&
+		    s->hooks[i]->settle_gate(s->hook_state[i], s, ch, how, client_tag,
+					     multiple)) {
+			session_hold(s, DIR_TO_BROKER);
+			return 1;
+		}
+	return 0;
+}
+
+void pipeline_settle_release(struct session *s)
+{
+	session_unhold(s, DIR_TO_BROKER);
 }
 
 void pipeline_channel_closed(struct session *s, struct channel *ch)

@@ -50,6 +50,7 @@ struct pipe_msg {
 	int no_ack;                        /* deliveries: the client will not settle it */
 	int want;                          /* union of what the hooks asked for */
 	int hook_want[PIPELINE_MAX_HOOKS]; /* what each hook asked for */
+	int next_hook;                     /* after a hook waited: the next to ask */
 	int streamer; /* index of the hook taking the body as a stream, or -1 */
 	unsigned method_dirty : 1, props_dirty : 1, body_dirty : 1;
 };
@@ -88,6 +89,14 @@ struct pipe_hook {
 	 * more, the message goes on as it was and its body is not held. */
 	int (*header_want)(void *state, struct session *s, struct channel *ch,
 			   struct pipe_msg *m);
+	/* Before a client's ack, nack or reject (client_tag, multiple) goes
+	 * upstream: 0 lets it go; 1 holds it (and the client's later frames)
+	 * until the hook calls pipeline_settle_release; it is then asked
+	 * again. */
+	int (*settle_gate)(void *state, struct session *s, struct channel *ch,
+			   amqp_method_number_t how, uint64_t client_tag, int multiple);
+	/* basic.recover: the broker redelivers what is unacked on ch. */
+	void (*recovered)(void *state, struct session *s, struct channel *ch);
 };
 
 void pipeline_register(const struct pipe_hook *hook);
@@ -148,5 +157,11 @@ void pipeline_settled(struct session *s, struct channel *ch, amqp_method_number_
 		      uint64_t broker_tag);
 void pipeline_channel_closed(struct session *s, struct channel *ch);
 void pipeline_drained(struct session *s);
+void pipeline_recovered(struct session *s, struct channel *ch);
+/* Whether a client settle may go upstream now (0), or waits (1). */
+int pipeline_settle_gate(struct session *s, struct channel *ch, amqp_method_number_t how,
+			 uint64_t client_tag, int multiple);
+/* For hooks: a settle that waited may be asked about again. */
+void pipeline_settle_release(struct session *s);
 
 #endif

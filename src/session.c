@@ -895,6 +895,23 @@ static int session_method(struct session *s, struct leg *from, const struct fram
 			if (!track)
 				break;
 			if (to_broker) {
+				uint64_t tag = id == AMQP_BASIC_ACK_METHOD
+						   ? ((amqp_basic_ack_t *)m)->delivery_tag
+					       : id == AMQP_BASIC_NACK_METHOD
+						   ? ((amqp_basic_nack_t *)m)->delivery_tag
+						   : ((amqp_basic_reject_t *)m)->delivery_tag;
+				int multiple = id == AMQP_BASIC_ACK_METHOD
+						   ? ((amqp_basic_ack_t *)m)->multiple
+					       : id == AMQP_BASIC_NACK_METHOD
+						   ? ((amqp_basic_nack_t *)m)->multiple
+						   : 0;
+
+				/* A hook may need the settle to wait (the frame
+				 * stays in the input and is read again). */
+				if (pipeline_settle_gate(s, ch, id, tag, multiple)) {
+					recycle_amqp_pool(pool);
+					return 0;
+				}
 				evbuffer_drain(in, len);
 				session_client_settle(s, ch, id, m);
 				recycle_amqp_pool(pool);
@@ -911,9 +928,11 @@ static int session_method(struct session *s, struct leg *from, const struct fram
 			amqp_basic_consume_t *c = m;
 
 			ch->consume_no_ack = c->no_ack;
+			channel_set_str(&ch->consume_queue, c->queue.bytes, c->queue.len);
 			if (c->consumer_tag.len)
 				channel_consumer_add(ch, c->consumer_tag.bytes,
-						     c->consumer_tag.len, c->no_ack);
+						     c->consumer_tag.len, c->no_ack,
+						     ch->consume_queue);
 			break;
 		}
 		case AMQP_BASIC_CONSUME_OK_METHOD: {
@@ -921,7 +940,7 @@ static int session_method(struct session *s, struct leg *from, const struct fram
 
 			channel_consumer_remove(ch, c->consumer_tag.bytes, c->consumer_tag.len);
 			channel_consumer_add(ch, c->consumer_tag.bytes, c->consumer_tag.len,
-					     ch->consume_no_ack);
+					     ch->consume_no_ack, ch->consume_queue);
 			break;
 		}
 		case AMQP_BASIC_CANCEL_OK_METHOD: {
@@ -930,12 +949,17 @@ static int session_method(struct session *s, struct leg *from, const struct fram
 			channel_consumer_remove(ch, c->consumer_tag.bytes, c->consumer_tag.len);
 			break;
 		}
-		case AMQP_BASIC_GET_METHOD:
-			ch->get_no_ack = ((amqp_basic_get_t *)m)->no_ack;
+		case AMQP_BASIC_GET_METHOD: {
+			amqp_basic_get_t *g = m;
+
+			ch->get_no_ack = g->no_ack;
+			channel_set_str(&ch->get_queue, g->queue.bytes, g->queue.len);
 			break;
+		}
 		case AMQP_BASIC_RECOVER_METHOD:
 		case AMQP_BASIC_RECOVER_ASYNC_METHOD:
 			/* The broker redelivers everything unacked, with new tags. */
+			pipeline_recovered(s, ch);
 			tagmap_reset(&ch->tags);
 			break;
 		default:
@@ -1457,6 +1481,45 @@ static void session_event(struct session *s, struct leg *l, enum session_event e
 		}
 	}
 	session_leave(s);
+}
+
+void session_lookahead(struct session *s, enum chan_dir from,
+		       int (*fn)(void *arg, const struct frame_info *fi, const uint8_t *payload,
+				 size_t len),
+		       void *arg)
+{
+	static _Thread_local uint8_t scratch[65536];
+	struct leg *l = from == DIR_TO_BROKER ? &s->client : &s->upstream;
+	uint32_t max = s->frame_max;
+	struct evbuffer_ptr pos;
+	struct frame_info fi;
+	struct evbuffer *in;
+	size_t off = 0;
+	int n;
+
+	if (l->tr == NULL || s->state != SESSION_OPEN)
+		return;
+	if (max < (uint32_t)worker_settings.max_frame_pre_tune)
+		max = (uint32_t)worker_settings.max_frame_pre_tune;
+	in = transport_input(l->tr);
+	for (n = 0; n < 4096; n++) {
+		const uint8_t *p = NULL;
+		size_t plen = 0;
+
+		if (frame_scan_evbuffer(in, off, max, &fi) != FRAME_SCAN_OK)
+			break;
+		if ((fi.type == FRAME_METHOD || fi.type == FRAME_HEADER) &&
+		    fi.size <= sizeof(scratch) &&
+		    evbuffer_ptr_set(in, &pos, off + FRAME_HEADER_SIZE, EVBUFFER_PTR_SET) ==
+			0 &&
+		    evbuffer_copyout_from(in, &pos, scratch, fi.size) == (ev_ssize_t)fi.size) {
+			p = scratch;
+			plen = fi.size;
+		}
+		if (fn(arg, &fi, p, plen))
+			break;
+		off += frame_scan_wire_len(&fi);
+	}
 }
 
 void session_hold(struct session *s, enum chan_dir from)

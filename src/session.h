@@ -14,6 +14,7 @@ struct event;
 struct evbuffer;
 struct worker;
 struct rules_vhost;
+struct frame_info;
 
 enum session_state {
 	SESSION_HEADER,     /* waiting for the client's protocol header */
@@ -87,6 +88,14 @@ void session_channel_error(struct session *s, struct channel *ch, uint16_t code,
  * lifetime rule: not at all when the session started closing. Returns 1
  * if fn ran. */
 int session_complete(struct session *s, void (*fn)(struct session *s, void *arg), void *arg);
+/* For hooks that batch store work: each complete frame read from the
+ * leg that sends towards `from` and not yet looked at, in order; payload
+ * holds a method or header frame's bytes (NULL for a body). Stops when fn
+ * returns nonzero. */
+void session_lookahead(struct session *s, enum chan_dir from,
+		       int (*fn)(void *arg, const struct frame_info *fi, const uint8_t *payload,
+				 size_t len),
+		       void *arg);
 /* The worker swapped in a new rules set. */
 void session_rules_changed(struct session *s);
 /* A completion or timer that ran off the session's stack looks its session

@@ -62,7 +62,19 @@
 	X(claims_bad_keys, "acemq_proxy_claims_missing_total", "why=\"bad_key\"",         \
 	  "claim checks without a payload, by why")                                       \
 	X(claims_store_errors, "acemq_proxy_claims_store_errors_total", "",               \
-	  "claim store reads or writes that failed")
+	  "claim store reads or writes that failed")                                      \
+	X(idem_claimed, "acemq_proxy_idempotency_total", "answer=\"claimed\"",            \
+	  "deliveries by the idempotency answer")                                         \
+	X(idem_duplicate, "acemq_proxy_idempotency_total", "answer=\"duplicate\"",        \
+	  "deliveries by the idempotency answer")                                         \
+	X(idem_in_progress, "acemq_proxy_idempotency_total", "answer=\"in_progress\"",    \
+	  "deliveries by the idempotency answer")                                         \
+	X(idem_put_back, "acemq_proxy_idempotency_put_back_total", "",                    \
+	  "in-progress deliveries put back")                                              \
+	X(idem_no_key, "acemq_proxy_idempotency_no_key_total", "",                        \
+	  "deliveries without a key, delivered untouched")                                \
+	X(idem_store_errors, "acemq_proxy_idempotency_store_errors_total", "",            \
+	  "idempotency reads or writes that failed")
 
 struct stats {
 #define STATS_FIELD(name, metric, labels, help) uint64_t name;

@@ -189,6 +189,34 @@ int tagmap_settle(struct tagmap *tm, uint64_t client_tag, int multiple, tagmap_e
 	return 0;
 }
 
+int tagmap_covered(const struct tagmap *tm, uint64_t client_tag, int multiple,
+		   void (*fn)(void *arg, uint64_t broker_tag), void *arg)
+{
+	const struct tagmap_pairs *p = &tm->out;
+	size_t i;
+	long at;
+
+	if (!multiple) {
+		at = tagmap_find((struct tagmap_pairs *)p, SIDE_CLIENT, client_tag);
+		if (at < 0)
+			return -1;
+		fn(arg, tagmap_at((struct tagmap_pairs *)p, (size_t)at)[SIDE_BROKER]);
+		return 0;
+	}
+	if (client_tag != 0 &&
+	    tagmap_find((struct tagmap_pairs *)p, SIDE_CLIENT, client_tag) < 0)
+		return -1;
+	for (i = 0; i < p->len; i++) {
+		uint64_t *pair = tagmap_at((struct tagmap_pairs *)p, i);
+
+		if (client_tag != 0 && pair[SIDE_CLIENT] > client_tag)
+			break;
+		if (pair[SIDE_BROKER] != 0)
+			fn(arg, pair[SIDE_BROKER]);
+	}
+	return 0;
+}
+
 size_t tagmap_outstanding(const struct tagmap *tm)
 {
 	size_t i, n = 0;

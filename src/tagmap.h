@@ -43,6 +43,10 @@ void tagmap_unhold(struct tagmap *tm, uint64_t broker_tag);
 int tagmap_settle(struct tagmap *tm, uint64_t client_tag, int multiple, tagmap_emit_fn emit,
 		  void *arg);
 size_t tagmap_outstanding(const struct tagmap *tm);
+/* The broker tags a settle of client_tag would cover, without settling:
+ * fn for each; -1 for an unknown tag. */
+int tagmap_covered(const struct tagmap *tm, uint64_t client_tag, int multiple,
+		   void (*fn)(void *arg, uint64_t broker_tag), void *arg);
 
 void confirmmap_init(struct confirmmap *cm);
 void confirmmap_reset(struct confirmmap *cm);

@@ -24,12 +24,13 @@ enum state_decision idem_decide(struct idem_req *r, const struct idem_record *cu
 			r->answer = IDEM_DUPLICATE;
 			return STATE_KEEP;
 		}
-		if (live && cur->state == IDEM_STATE_CLAIMED && !idem_owned(cur, r->owner)) {
+		/* Claimed under a live lease, by anyone (a second message with
+		 * the key reaching the same consumer too): in progress. */
+		if (live && cur->state == IDEM_STATE_CLAIMED) {
 			r->answer = IDEM_IN_PROGRESS;
 			return STATE_KEEP;
 		}
-		/* Absent, its time passed, or this owner's own claim again
-		 * (a redelivery to the same consumer): claim it. */
+		/* Absent, or its time passed: claim it. */
 		r->answer = IDEM_CLAIMED;
 		r->rec.state = IDEM_STATE_CLAIMED;
 		r->rec.until_ms = r->now_ms + r->span_ms;

@@ -1,0 +1,741 @@
+/* idempotency: deliveries from the queues a vhost's rules name are claimed
+ * by key before the consumer sees them; a duplicate is acknowledged for it,
+ * one in progress elsewhere is held and put back; the consumer's ack
+ * confirms the key, its nack or reject forgets it, both durably before they
+ * go upstream. Claims and settles waiting behind one another are handed to
+ * the state layer together (look-ahead), so a batch costs one commit. */
+#include "idempotency.h"
+
+#include "../../amqp/content.h"
+#include "../../amqp/frame_scan.h"
+#include "../../amqp/method.h"
+#include "../channel.h"
+#include "../log.h"
+#include "../pipeline.h"
+#include "../rules.h"
+#include "../session.h"
+#include "../store/idem.h"
+#include "../worker.h"
+
+#include <cjson/cJSON.h>
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <inttypes.h>
+#include <openssl/rand.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+
+#define IDEMPOTENCY_BUCKETS 256
+
+enum idempotency_phase {
+	PHASE_CLAIMING,  /* the claim is out */
+	PHASE_ANSWERED,  /* answered; the delivery has not been decided yet */
+	PHASE_DELIVERED, /* claimed and delivered: the client settles it */
+	PHASE_HELD,      /* in progress elsewhere: held, then put back */
+};
+
+struct idempotency;
+
+/* One delivery under a rule, by its channel and broker tag. */
+struct idempotency_entry {
+	struct idempotency *st;
+	uint16_t channel;
+	uint64_t broker_tag;
+	enum idempotency_phase phase;
+	enum idem_answer answer;
+	int store_failed;
+	struct pipe_msg *m;        /* waiting for the answer (PIPE_WAIT), or held */
+	struct event *timer;       /* a held one's put-back */
+	struct idempotency_op *op; /* the store operation out for it */
+	unsigned settling : 1;     /* its confirm or forget is out or done */
+	unsigned settled : 1;      /* ... and done */
+	unsigned counted : 1;      /* the settle gate waits for it */
+	char *queue;
+	char *key;
+	size_t klen;
+	long lease_s, retention_s, delay_s;
+	struct idempotency_entry *next;
+};
+
+/* A store operation; outlives its entry when the session goes (e NULL). */
+struct idempotency_op {
+	struct idem_req req; /* first: its worker_call is the completion */
+	struct idempotency_entry *e;
+};
+
+struct idempotency {
+	struct session *s;
+	uint64_t owner0;
+	struct idempotency_entry *buckets[IDEMPOTENCY_BUCKETS];
+	int gate_pending; /* counted settles not yet done */
+	int gate_waiting; /* a client settle waits for them */
+	amqp_pool_t pool; /* look-ahead decoding */
+};
+
+static uint64_t idempotency_instance;
+static struct state *idempotency_state;
+
+void idempotency_init(struct state *st)
+{
+	idempotency_state = st;
+	if (RAND_bytes((unsigned char *)&idempotency_instance, sizeof(idempotency_instance)) !=
+	    1)
+		idempotency_instance = (uint64_t)time(NULL);
+}
+
+static uint64_t idempotency_now_ms(void)
+{
+	struct timeval tv;
+
+	gettimeofday(&tv, NULL);
+	return (uint64_t)tv.tv_sec * 1000 + (uint64_t)tv.tv_usec / 1000;
+}
+
+static const struct rules_idempotency *idempotency_rule(struct session *s, const char *queue)
+{
+	const struct rules_vhost *v = session_rules(s);
+	int i;
+
+	if (v == NULL || queue == NULL)
+		return NULL;
+	for (i = 0; i < v->nidempotency; i++)
+		if (strcmp(v->idempotency[i].queue, queue) == 0)
+			return &v->idempotency[i];
+	return NULL;
+}
+
+static struct idempotency_entry **idempotency_slot(struct idempotency *st, uint16_t ch,
+						   uint64_t tag)
+{
+	uint64_t h = (tag * 0x9E3779B97F4A7C15ull) ^ ch;
+
+	return &st->buckets[(h >> 24) % IDEMPOTENCY_BUCKETS];
+}
+
+static struct idempotency_entry *idempotency_find(struct idempotency *st, uint16_t ch,
+						  uint64_t tag)
+{
+	struct idempotency_entry *e;
+
+	for (e = *idempotency_slot(st, ch, tag); e; e = e->next)
+		if (e->channel == ch && e->broker_tag == tag)
+			return e;
+	return NULL;
+}
+
+static void idempotency_unlink(struct idempotency_entry *e)
+{
+	struct idempotency_entry **p;
+
+	for (p = idempotency_slot(e->st, e->channel, e->broker_tag); *p; p = &(*p)->next)
+		if (*p == e) {
+			*p = e->next;
+			return;
+		}
+}
+
+static void idempotency_entry_free(struct idempotency_entry *e)
+{
+	idempotency_unlink(e);
+	if (e->op)
+		e->op->e = NULL; /* it completes on its own */
+	if (e->counted && !e->settled && e->st->gate_pending > 0)
+		e->st->gate_pending--;
+	if (e->timer)
+		event_free(e->timer);
+	if (e->m)
+		pipe_msg_free(e->m);
+	free(e->queue);
+	free(e->key);
+	free(e);
+}
+
+/* ---- store operations --------------------------------------------------- */
+
+static void idempotency_done(struct worker_call *c);
+
+/* Hand one operation on e's key to the state layer; the op points back to
+ * e (the caller may cut that link: then nobody waits for it). */
+static struct idempotency_op *idempotency_submit(struct idempotency *st,
+						 struct idempotency_entry *e, enum idem_op what)
+{
+	struct idempotency_op *op = calloc(1, sizeof(*op));
+	uint64_t owner[2] = {idempotency_instance, (st->s->id << 16) | (e ? e->channel : 0)};
+	uint64_t span = what == IDEM_CLAIM     ? (uint64_t)e->lease_s * 1000
+			: what == IDEM_CONFIRM ? (uint64_t)e->retention_s * 1000
+					       : 0;
+
+	if (op == NULL || idempotency_state == NULL ||
+	    idem_prepare(&op->req, what, st->s->vhost, e->queue, e->key, e->klen, owner,
+			 idempotency_now_ms(), span) != 0) {
+		free(op);
+		return NULL;
+	}
+	op->req.w.call.fn = idempotency_done;
+	op->req.w.w = st->s->w;
+	op->e = e;
+	state_submit(idempotency_state, &op->req.w);
+	return op;
+}
+
+/* A confirm or forget nobody waits for (the op holds copies of the key):
+ * a no-ack delivery's confirm, or what a closing channel gives up. */
+static void idempotency_let_go(struct idempotency_entry *e, enum idem_op what)
+{
+	struct idempotency_op *op;
+
+	if (e->op) {
+		/* Its claim is still out: this goes after it, in the same queue. */
+		e->op->e = NULL;
+		e->op = NULL;
+	}
+	op = idempotency_submit(e->st, e, what);
+	if (op)
+		op->e = NULL;
+}
+
+/* ---- deciding a delivery ---------------------------------------------------- */
+
+static void idempotency_put_back(evutil_socket_t fd, short what, void *arg);
+
+/* What happens to a delivery once its claim is answered. */
+static enum pipe_verdict idempotency_decide(struct idempotency_entry *e, struct session *s)
+{
+	struct pipe_msg *m = e->m;
+	struct timeval tv = {e->delay_s, 0};
+
+	if (e->store_failed) {
+		/* The store could not say: delivered (never lost; it may run
+		 * twice). */
+		s->w->stats.idem_store_errors++;
+		e->phase = PHASE_DELIVERED;
+		e->m = NULL;
+		if (m->no_ack)
+			idempotency_entry_free(e);
+		return PIPE_PASS;
+	}
+	switch (e->answer) {
+	case IDEM_DUPLICATE:
+		s->w->stats.idem_duplicate++;
+		e->m = NULL;
+		idempotency_entry_free(e);
+		return PIPE_SWALLOW; /* acknowledged upstream; never seen */
+	case IDEM_IN_PROGRESS:
+		s->w->stats.idem_in_progress++;
+		if (m->no_ack) {
+			/* The broker let go of it already: delivered, not lost. */
+			e->m = NULL;
+			idempotency_entry_free(e);
+			return PIPE_PASS;
+		}
+		e->phase = PHASE_HELD;
+		e->timer = evtimer_new(s->w->base, idempotency_put_back, e);
+		if (e->timer == NULL || evtimer_add(e->timer, &tv) != 0) {
+			e->m = NULL;
+			idempotency_entry_free(e);
+			return PIPE_PASS;
+		}
+		return PIPE_HOLD; /* m stays with the entry */
+	default:
+		s->w->stats.idem_claimed++;
+		e->phase = PHASE_DELIVERED;
+		e->m = NULL;
+		if (m->no_ack) {
+			/* No settle will come: confirmed at delivery. */
+			idempotency_let_go(e, IDEM_CONFIRM);
+			idempotency_entry_free(e);
+		}
+		return PIPE_PASS;
+	}
+}
+
+static void idempotency_put_back_in(struct session *s, void *arg)
+{
+	struct idempotency_entry *e = arg;
+	struct channel *ch = session_channel(s, e->channel);
+	struct pipe_msg *m = e->m;
+
+	e->m = NULL;
+	idempotency_entry_free(e);
+	s->w->stats.idem_put_back++;
+	/* Without an engine connection of the proxy's own, the put-back is a
+	 * nack with requeue (on a quorum queue it counts as a delivery). */
+	if (ch)
+		pipeline_requeue(s, ch, m, 1);
+	else
+		pipe_msg_free(m);
+}
+
+static void idempotency_put_back(evutil_socket_t fd, short what, void *arg)
+{
+	struct idempotency_entry *e = arg;
+
+	session_complete(e->st->s, idempotency_put_back_in, e);
+}
+
+static void idempotency_done_in(struct session *s, void *arg)
+{
+	struct idempotency_op *op = arg;
+	struct idempotency_entry *e = op->e;
+	struct idempotency *st = e->st;
+	struct channel *ch;
+	struct pipe_msg *m;
+	enum pipe_verdict v;
+
+	e->op = NULL;
+	if (op->req.what == IDEM_CLAIM) {
+		e->answer = op->req.answer;
+		e->store_failed = op->req.w.rc != STATE_OK;
+		e->phase = PHASE_ANSWERED;
+		if (e->m == NULL)
+			return; /* looked ahead: decided when it is read */
+		ch = session_channel(s, e->channel);
+		m = e->m;
+		v = idempotency_decide(e, s);
+		if (v == PIPE_HOLD)
+			m = e->m; /* stays */
+		if (ch)
+			pipeline_resume(s, ch, m, v);
+		return;
+	}
+	/* A confirm or forget is durable (or failed: the settle goes on, a
+	 * redelivery is then at worst run again). */
+	if (op->req.w.rc != STATE_OK)
+		s->w->stats.idem_store_errors++;
+	e->settled = 1;
+	if (e->counted && st->gate_pending > 0)
+		st->gate_pending--;
+	if (st->gate_waiting && st->gate_pending == 0) {
+		st->gate_waiting = 0;
+		pipeline_settle_release(s);
+	}
+}
+
+static void idempotency_done(struct worker_call *c)
+{
+	struct idempotency_op *op = (struct idempotency_op *)c;
+
+	if (op->e == NULL || !session_complete(op->e->st->s, idempotency_done_in, op)) {
+		if (op->e)
+			op->e->op = NULL;
+		free(op);
+		return;
+	}
+	free(op);
+}
+
+/* ---- keys ------------------------------------------------------------------ */
+
+/* The key of a message under rule r, into out (malloc'd); 0 if none. */
+static size_t idempotency_key(const struct rules_idempotency *r, amqp_basic_properties_t *p,
+			      struct evbuffer *body, char **out)
+{
+	char num[32];
+	const void *src = NULL;
+	size_t len = 0;
+	int i;
+
+	*out = NULL;
+	if (r->key == RULES_KEY_MESSAGE_ID) {
+		if (p && (p->_flags & AMQP_BASIC_MESSAGE_ID_FLAG)) {
+			src = p->message_id.bytes;
+			len = p->message_id.len;
+		}
+	} else if (r->key == RULES_KEY_HEADER) {
+		for (i = 0;
+		     p && (p->_flags & AMQP_BASIC_HEADERS_FLAG) && i < p->headers.num_entries;
+		     i++) {
+			amqp_table_entry_t *t = &p->headers.entries[i];
+
+			if (t->key.len != strlen(r->key_name) ||
+			    memcmp(t->key.bytes, r->key_name, t->key.len) != 0)
+				continue;
+			switch (t->value.kind) {
+			case AMQP_FIELD_KIND_UTF8:
+			case AMQP_FIELD_KIND_BYTES:
+				src = t->value.value.bytes.bytes;
+				len = t->value.value.bytes.len;
+				break;
+			case AMQP_FIELD_KIND_I64:
+				len = (size_t)snprintf(num, sizeof(num), "%" PRId64,
+						       t->value.value.i64);
+				src = num;
+				break;
+			case AMQP_FIELD_KIND_U64:
+				len = (size_t)snprintf(num, sizeof(num), "%" PRIu64,
+						       t->value.value.u64);
+				src = num;
+				break;
+			case AMQP_FIELD_KIND_I32:
+				len = (size_t)snprintf(num, sizeof(num), "%" PRId32,
+						       t->value.value.i32);
+				src = num;
+				break;
+			default:
+				break;
+			}
+			break;
+		}
+	} else if (body) {
+		size_t n = evbuffer_get_length(body);
+		const char *text =
+		    n ? (const char *)evbuffer_pullup(body, (ev_ssize_t)n) : NULL;
+		cJSON *root = text ? cJSON_ParseWithLength(text, n) : NULL, *node = root;
+		char path[256], *tok, *save = NULL;
+
+		snprintf(path, sizeof(path), "%s", r->key_name);
+		for (tok = strtok_r(path, ".", &save); node && tok;
+		     tok = strtok_r(NULL, ".", &save))
+			node = cJSON_IsObject(node)
+				   ? cJSON_GetObjectItemCaseSensitive(node, tok)
+				   : NULL;
+		if (node && cJSON_IsString(node)) {
+			*out = strdup(node->valuestring);
+			len = *out ? strlen(*out) : 0;
+		} else if (node && cJSON_IsNumber(node)) {
+			snprintf(num, sizeof(num), "%.17g", node->valuedouble);
+			*out = strdup(num);
+			len = *out ? strlen(*out) : 0;
+		}
+		cJSON_Delete(root);
+		return len;
+	}
+	if (src == NULL || len == 0 || len > 255)
+		return 0;
+	*out = malloc(len);
+	if (*out == NULL)
+		return 0;
+	memcpy(*out, src, len);
+	return len;
+}
+
+static struct idempotency_entry *idempotency_entry_new(struct idempotency *st, uint16_t ch,
+						       uint64_t tag, const char *queue,
+						       const struct rules_idempotency *r,
+						       char *key, size_t klen)
+{
+	struct idempotency_entry *e = calloc(1, sizeof(*e)), **slot;
+
+	if (e == NULL || (e->queue = strdup(queue)) == NULL) {
+		free(e);
+		free(key);
+		return NULL;
+	}
+	e->st = st;
+	e->channel = ch;
+	e->broker_tag = tag;
+	e->key = key;
+	e->klen = klen;
+	e->lease_s = r->lease_s;
+	e->retention_s = r->retention_s;
+	e->delay_s = r->in_progress_delay_s;
+	slot = idempotency_slot(st, ch, tag);
+	e->next = *slot;
+	*slot = e;
+	return e;
+}
+
+/* Claim for e; -1 when it cannot even be asked. */
+static int idempotency_claim(struct idempotency *st, struct idempotency_entry *e)
+{
+	e->op = idempotency_submit(st, e, IDEM_CLAIM);
+	e->phase = PHASE_CLAIMING;
+	return e->op ? 0 : -1;
+}
+
+/* ---- look-ahead: deliveries and settles behind the one that waits ---------- */
+
+struct idempotency_ahead {
+	struct idempotency *st;
+	struct session *s;
+	/* a basic.deliver seen, waiting for its header */
+	int pending;
+	uint16_t channel;
+	uint64_t tag;
+	char queue[256];
+	const struct rules_idempotency *rule;
+};
+
+static int idempotency_ahead_delivery(void *arg, const struct frame_info *fi,
+				      const uint8_t *payload, size_t len)
+{
+	struct idempotency_ahead *a = arg;
+	struct idempotency *st = a->st;
+	amqp_method_number_t id;
+	void *decoded;
+
+	if (fi->type == FRAME_METHOD && payload && fi->class_id == 60 && fi->method_id == 60) {
+		amqp_basic_deliver_t *d;
+		struct channel *ch = session_channel(a->s, fi->channel);
+		const char *q;
+
+		a->pending = 0;
+		if (ch == NULL || method_decode(payload, len, &st->pool, &id, &decoded) != 0)
+			goto out;
+		d = decoded;
+		q = channel_consumer_queue(ch, d->consumer_tag.bytes, d->consumer_tag.len);
+		a->rule = idempotency_rule(a->s, q);
+		if (a->rule == NULL || a->rule->key == RULES_KEY_JSON ||
+		    channel_consumer_no_ack(ch, d->consumer_tag.bytes, d->consumer_tag.len) ||
+		    idempotency_find(st, fi->channel, d->delivery_tag))
+			goto out;
+		a->pending = 1;
+		a->channel = fi->channel;
+		a->tag = d->delivery_tag;
+		snprintf(a->queue, sizeof(a->queue), "%s", q);
+	} else if (fi->type == FRAME_HEADER && payload && a->pending &&
+		   fi->channel == a->channel) {
+		amqp_basic_properties_t *props = NULL;
+		struct idempotency_entry *e;
+		char *key;
+		size_t klen;
+
+		a->pending = 0;
+		if (content_props_decode(payload, len, &st->pool, &props) != 0)
+			goto out;
+		klen = idempotency_key(a->rule, props, NULL, &key);
+		if (klen == 0)
+			goto out;
+		e = idempotency_entry_new(st, a->channel, a->tag, a->queue, a->rule, key, klen);
+		if (e && idempotency_claim(st, e) != 0)
+			idempotency_entry_free(e);
+	}
+out:
+	recycle_amqp_pool(&st->pool);
+	return 0;
+}
+
+/* Settles the client sent behind the one that waits: their confirms and
+ * forgets go out now, with it. */
+struct idempotency_gate {
+	struct idempotency *st;
+	struct channel *ch;
+	amqp_method_number_t how;
+	int waiting;
+};
+
+static void idempotency_gate_one(void *arg, uint64_t broker_tag)
+{
+	struct idempotency_gate *g = arg;
+	struct idempotency_entry *e = idempotency_find(g->st, g->ch->id, broker_tag);
+
+	if (e == NULL || e->phase != PHASE_DELIVERED)
+		return;
+	if (!e->settling) {
+		e->op = idempotency_submit(
+		    g->st, e, g->how == AMQP_BASIC_ACK_METHOD ? IDEM_CONFIRM : IDEM_FORGET);
+		if (e->op == NULL) {
+			e->settling = e->settled = 1; /* cannot: let it go on */
+			return;
+		}
+		e->settling = 1;
+		e->counted = 1;
+		g->st->gate_pending++;
+	}
+	if (!e->settled)
+		g->waiting = 1;
+}
+
+static int idempotency_ahead_settle(void *arg, const struct frame_info *fi,
+				    const uint8_t *payload, size_t len)
+{
+	struct idempotency_ahead *a = arg;
+	struct idempotency *st = a->st;
+	amqp_method_number_t id;
+	void *decoded;
+	struct idempotency_gate g = {st, NULL, 0, 0};
+	uint64_t tag = 0;
+	int multiple = 0;
+
+	if (fi->type != FRAME_METHOD || payload == NULL || fi->class_id != 60 ||
+	    (fi->method_id != 80 && fi->method_id != 90 && fi->method_id != 120))
+		return 0;
+	g.ch = session_channel(a->s, fi->channel);
+	if (g.ch && method_decode(payload, len, &st->pool, &id, &decoded) == 0) {
+		g.how = id;
+		if (id == AMQP_BASIC_ACK_METHOD) {
+			tag = ((amqp_basic_ack_t *)decoded)->delivery_tag;
+			multiple = ((amqp_basic_ack_t *)decoded)->multiple;
+		} else if (id == AMQP_BASIC_NACK_METHOD) {
+			tag = ((amqp_basic_nack_t *)decoded)->delivery_tag;
+			multiple = ((amqp_basic_nack_t *)decoded)->multiple;
+		} else {
+			tag = ((amqp_basic_reject_t *)decoded)->delivery_tag;
+		}
+		tagmap_covered(&g.ch->tags, tag, multiple, idempotency_gate_one, &g);
+	}
+	recycle_amqp_pool(&st->pool);
+	return 0;
+}
+
+/* ---- the hook ------------------------------------------------------------------ */
+
+static void *idempotency_attach(struct session *s)
+{
+	const struct rules_vhost *v = session_rules(s);
+	struct idempotency *st;
+
+	if (v == NULL || v->nidempotency == 0 || (st = calloc(1, sizeof(*st))) == NULL)
+		return NULL;
+	st->s = s;
+	init_amqp_pool(&st->pool, 4096);
+	return st;
+}
+
+static void idempotency_detach(void *state)
+{
+	struct idempotency *st = state;
+	struct idempotency_entry *e, *next;
+	int i;
+
+	/* The session is gone: what it claimed and did not settle is given up,
+	 * so another consumer runs it without waiting for the lease. */
+	for (i = 0; i < IDEMPOTENCY_BUCKETS; i++)
+		for (e = st->buckets[i]; e; e = next) {
+			next = e->next;
+			if (e->phase != PHASE_HELD && !(e->settling && e->settled) &&
+			    (e->answer == IDEM_CLAIMED || e->phase == PHASE_CLAIMING))
+				idempotency_let_go(e, IDEM_FORGET);
+			idempotency_entry_free(e);
+		}
+	empty_amqp_pool(&st->pool);
+	free(st);
+}
+
+static const char *idempotency_queue_of(struct channel *ch, enum pipe_kind kind, void *method)
+{
+	if (kind == PIPE_DELIVER) {
+		amqp_basic_deliver_t *d = method;
+
+		return channel_consumer_queue(ch, d->consumer_tag.bytes, d->consumer_tag.len);
+	}
+	return kind == PIPE_GET_OK ? ch->get_queue : NULL;
+}
+
+static int idempotency_wants(void *state, struct session *s, struct channel *ch,
+			     enum pipe_kind kind, amqp_method_number_t id, void *method)
+{
+	const struct rules_idempotency *r =
+	    idempotency_rule(s, idempotency_queue_of(ch, kind, method));
+
+	if (r == NULL)
+		return PIPE_WANT_NONE;
+	return r->key == RULES_KEY_JSON ? PIPE_WANT_MSG | PIPE_WANT_BODY : PIPE_WANT_MSG;
+}
+
+static enum pipe_verdict idempotency_message(void *state, struct session *s, struct channel *ch,
+					     struct pipe_msg *m)
+{
+	struct idempotency *st = state;
+	const struct rules_idempotency *r;
+	struct idempotency_entry *e;
+	struct idempotency_ahead a;
+	char *key;
+	size_t klen;
+
+	if (m->kind != PIPE_DELIVER && m->kind != PIPE_GET_OK)
+		return PIPE_PASS;
+	e = idempotency_find(st, ch->id, m->broker_tag);
+	if (e == NULL) {
+		r = idempotency_rule(s, idempotency_queue_of(ch, m->kind, m->method));
+		if (r == NULL)
+			return PIPE_PASS;
+		klen = idempotency_key(r, m->props, m->body, &key);
+		if (klen == 0) {
+			s->w->stats.idem_no_key++;
+			return PIPE_PASS;
+		}
+		e = idempotency_entry_new(st, ch->id, m->broker_tag,
+					  idempotency_queue_of(ch, m->kind, m->method), r, key,
+					  klen);
+		if (e == NULL)
+			return PIPE_PASS;
+		if (idempotency_claim(st, e) != 0) {
+			idempotency_entry_free(e);
+			s->w->stats.idem_store_errors++;
+			return PIPE_PASS;
+		}
+	}
+	e->m = m;
+	if (e->phase == PHASE_ANSWERED)
+		return idempotency_decide(e, s);
+	/* Claims for the deliveries behind this one go out now, together. */
+	memset(&a, 0, sizeof(a));
+	a.st = st;
+	a.s = s;
+	session_lookahead(s, DIR_TO_CLIENT, idempotency_ahead_delivery, &a);
+	return PIPE_WAIT;
+}
+
+static int idempotency_settle_gate(void *state, struct session *s, struct channel *ch,
+				   amqp_method_number_t how, uint64_t client_tag, int multiple)
+{
+	struct idempotency *st = state;
+	struct idempotency_gate g = {st, ch, how, 0};
+	struct idempotency_ahead a;
+
+	if (tagmap_covered(&ch->tags, client_tag, multiple, idempotency_gate_one, &g) != 0 ||
+	    !g.waiting)
+		return 0;
+	st->gate_waiting = 1;
+	/* The settles behind it go out with it. */
+	memset(&a, 0, sizeof(a));
+	a.st = st;
+	a.s = s;
+	session_lookahead(s, DIR_TO_BROKER, idempotency_ahead_settle, &a);
+	return 1;
+}
+
+static void idempotency_settle(void *state, struct session *s, struct channel *ch,
+			       amqp_method_number_t how, uint64_t broker_tag)
+{
+	struct idempotency_entry *e = idempotency_find(state, ch->id, broker_tag);
+
+	if (e && e->phase == PHASE_DELIVERED)
+		idempotency_entry_free(e);
+}
+
+/* The channel closed, or the broker redelivers everything unacked on it
+ * (basic.recover): keys claimed for it and not settled are forgotten. */
+static void idempotency_channel_gone(void *state, struct session *s, struct channel *ch)
+{
+	struct idempotency *st = state;
+	struct idempotency_entry *e, *next;
+	int i;
+
+	for (i = 0; i < IDEMPOTENCY_BUCKETS; i++)
+		for (e = st->buckets[i]; e; e = next) {
+			next = e->next;
+			if (e->channel != ch->id)
+				continue;
+			if (e->m && e->phase != PHASE_HELD) {
+				/* Still waiting for its answer: decided then. */
+				continue;
+			}
+			if (e->phase != PHASE_HELD && !e->settling &&
+			    (e->answer == IDEM_CLAIMED || e->phase == PHASE_CLAIMING))
+				idempotency_let_go(e, IDEM_FORGET);
+			if (e->counted && !e->settled)
+				continue; /* the gate waits for it */
+			idempotency_entry_free(e);
+		}
+}
+
+static const struct pipe_hook idempotency_hook = {
+    .name = "idempotency",
+    .attach = idempotency_attach,
+    .detach = idempotency_detach,
+    .wants = idempotency_wants,
+    .message = idempotency_message,
+    .settle = idempotency_settle,
+    .settle_gate = idempotency_settle_gate,
+    .channel_closed = idempotency_channel_gone,
+    .recovered = idempotency_channel_gone,
+};
+
+void idempotency_register(void)
+{
+	pipeline_register(&idempotency_hook);
+}
