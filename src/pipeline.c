@@ -399,6 +399,13 @@ static int pipeline_finish(struct session *s, struct channel *ch, struct pipe_ms
 			pipe_msg_free(m);
 			return -1;
 		}
+		if (m->kind == PIPE_GET_OK) {
+			/* The client's basic.get gets its answer now. */
+			amqp_basic_get_empty_t e = {amqp_empty_bytes};
+
+			method_write(session_out(s, DIR_TO_CLIENT), ch->id,
+				     AMQP_BASIC_GET_EMPTY_METHOD, &e);
+		}
 		return 0;
 	default:
 		return pipeline_deliver(s, ch, m);
