@@ -36,6 +36,7 @@ struct channel {
 	struct confirmmap confirms;
 	int confirm_mode;
 	int open;            /* the client opened it (counted against max_channels) */
+	int closing_hold;    /* the client's frames wait for the broker's close-ok */
 	int proxy_closing;   /* the proxy closes it: close-oks still awaited */
 	int get_no_ack;      /* no_ack of the basic.get awaiting its answer */
 	int consume_no_ack;  /* no_ack of a basic.consume awaiting consume-ok */

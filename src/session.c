@@ -1171,9 +1171,23 @@ static int session_channel_closing(struct session *s, struct leg *from,
 			ch->proxy_closing &=
 			    ~(from->dir == DIR_TO_CLIENT ? CHAN_CLOSING_BROKER
 							 : CHAN_CLOSING_CLIENT);
+		/* The client is done before the broker: its next frames (a
+		 * channel.open of the same number, say) wait for the broker's
+		 * close-ok instead of being dropped. */
+		if (ch->proxy_closing == CHAN_CLOSING_BROKER && !ch->closing_hold) {
+			ch->closing_hold = 1;
+			session_hold(s, DIR_TO_BROKER);
+		}
 		if (!ch->proxy_closing) {
 			pipeline_channel_closed(s, ch);
 			session_channel_shut(s, ch);
+			if (ch->closing_hold) {
+				ch->closing_hold = 0;
+				evbuffer_drain(transport_input(from->tr),
+					       frame_scan_wire_len(fi));
+				session_unhold(s, DIR_TO_BROKER);
+				return from->tr ? 0 : -1;
+			}
 		}
 	}
 	evbuffer_drain(transport_input(from->tr), frame_scan_wire_len(fi));

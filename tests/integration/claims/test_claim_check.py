@@ -498,3 +498,28 @@ def test_full_filesystem_store_nacks_and_leaves_nothing(vhosts, dirs):
     finally:
         p.stop()
         subprocess.run(["umount", mnt])
+
+
+def test_channel_reopened_right_after_a_proxy_close(proxy):
+    """A channel the proxy closes (here: an ack of an unknown tag, 406) and
+    the client reopens at once, before the broker's close-ok is in: the
+    channel.open waits for it instead of being lost."""
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "py"))
+    import amqp_wire as wire
+    c = wire.RawClient(proxy.port).handshake()
+    try:
+        for _ in range(20):
+            c.channel_open(1)
+            c.send(wire.method_frame(1, wire.BASIC_ACK, b"\x00\x00\x00\x00\x00\x00\x03\xe7\x00"))
+            f = c.expect(wire.CHANNEL_CLOSE, 1)
+            assert f.args[:2] == b"\x01\x96"  # 406
+            c.send(wire.method_frame(1, wire.CHANNEL_CLOSE_OK, b"")
+                   + wire.method_frame(1, wire.CHANNEL_OPEN, wire.shortstr("")))
+            c.expect(wire.CHANNEL_OPEN_OK, 1)
+            c.send(wire.method_frame(1, wire.CHANNEL_CLOSE, b"\x00\xc8" + wire.shortstr("bye")
+                                     + b"\x00\x00\x00\x00"))
+            c.expect(wire.CHANNEL_CLOSE_OK, 1)
+        c.close()
+    finally:
+        c.close_socket()
