@@ -16,8 +16,10 @@
 #include "src/hooks.h"
 #include "src/jobs.h"
 #include "src/log.h"
+#include "src/patterns/idempotency.h"
 #include "src/rules.h"
 #include "src/session.h"
+#include "src/store/state.h"
 #include "src/transport.h"
 #include "src/upstream.h"
 #include "src/worker.h"
@@ -25,6 +27,7 @@
 #include <errno.h>
 #include <event2/buffer.h>
 #include <event2/event.h>
+#include <event2/thread.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -148,6 +151,9 @@ static void fuzz_init(void)
 	struct sockaddr_in in = {.sin_family = AF_INET, .sin_port = htons(5672)};
 
 	signal(SIGPIPE, SIG_IGN);
+	/* The state writer posts to the worker from its thread, as in the
+	 * daemon. */
+	evthread_use_pthreads();
 	log_threshold = getenv("FUZZ_SESSION_LOG") ? LOG_DEBUG : LOG_ERROR;
 	setenv("ACEMQ_PROXY_TEST_HOOK", "1", 1);
 	hooks_register();
@@ -170,7 +176,9 @@ static void fuzz_init(void)
 	if (mkdtemp(fuzz_claims) == NULL || jobs_start(0) != 0)
 		abort();
 	{
-		char path[128], json[512];
+		char path[128], json[768], err[256];
+		struct state_settings set = {NULL, 64 << 20, 0};
+		struct state *st;
 		FILE *f;
 
 		snprintf(path, sizeof(path), "%s/%s", fuzz_claims, FUZZ_CLAIM_KEY);
@@ -183,9 +191,19 @@ static void fuzz_init(void)
 			 "{\"vhost\": \"/\", \"reply_to\": {\"enabled\": true}, "
 			 "\"claim_check\": {\"match\": [{\"exchange\": \"*\"}], \"threshold\": "
 			 "1000, \"on_missing\": \"dead-letter\", "
-			 "\"store\": {\"type\": \"filesystem\", \"path\": \"%s\"}}}",
+			 "\"store\": {\"type\": \"filesystem\", \"path\": \"%s\"}}, "
+			 "\"idempotency\": [{\"queue\": \"q\", \"key\": \"message-id\", "
+			 "\"lease_s\": 30, \"retention_s\": 60, \"in_progress_delay_s\": 0}]}",
 			 fuzz_claims);
 		fz.rules[0] = fuzz_rules(json);
+		/* Idempotency keys in a state layer of their own (its writer is
+		 * a thread: completions arrive on the loop when they do). */
+		snprintf(path, sizeof(path), "%s/state", fuzz_claims);
+		set.dir = path;
+		st = state_open(&set, err, sizeof(err));
+		if (st == NULL)
+			abort();
+		idempotency_init(st);
 	}
 	fz.rules[1] = fuzz_rules(NULL);
 	worker_set_rules(&fz.w, fz.rules[0]); /* in force from the first loop turn */
@@ -233,6 +251,13 @@ static void fuzz_body(struct evbuffer *b, uint16_t ch, uint8_t p, const char *rk
 	if (p & 1) {
 		props._flags |= AMQP_BASIC_REPLY_TO_FLAG;
 		props.reply_to = fuzz_str(p & 2 ? "amq.rabbitmq.reply-to" : "replies");
+	}
+	if (p & 0x80) {
+		/* A message-id from a few: duplicates for the idempotency rule. */
+		static const char *const ids[4] = {"m0", "m1", "m2", "m3"};
+
+		props._flags |= AMQP_BASIC_MESSAGE_ID_FLAG;
+		props.message_id = fuzz_str(ids[p & 3]);
 	}
 	if (p & 4) {
 		e.key = fuzz_str("acemq-reply-to");
