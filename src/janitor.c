@@ -4,6 +4,9 @@
 #include "log.h"
 #include "rules.h"
 #include "store/claims.h"
+#include "store/idem.h"
+
+#include <sys/time.h>
 
 #include <errno.h>
 #include <pthread.h>
@@ -15,6 +18,7 @@ static pthread_cond_t janitor_cond = PTHREAD_COND_INITIALIZER;
 static struct rules *janitor_rules;
 static long janitor_interval;
 static int janitor_stopping, janitor_running;
+static struct state *janitor_state;
 
 static void janitor_purge(const struct rules *r, int orphans)
 {
@@ -26,7 +30,7 @@ static void janitor_purge(const struct rules *r, int orphans)
 		const struct rules_vhost *v = &r->v[i];
 
 		if (!v->claim_check.enabled)
-			continue;
+			goto idem;
 		claims_where(&where, v->vhost, &v->claim_check);
 		n = claims_purge(&where, v->claim_check.retention_s, orphans);
 		if (n > 0)
@@ -35,6 +39,20 @@ static void janitor_purge(const struct rules *r, int orphans)
 		else if (n < 0)
 			log_warning("janitor: vhost %s: the claim store could not be purged",
 				    v->vhost);
+	idem:
+		if (v->nidempotency > 0 && janitor_state && !orphans) {
+			struct timeval tv;
+
+			gettimeofday(&tv, NULL);
+			n = idem_purge(janitor_state, v->vhost,
+				       (uint64_t)tv.tv_sec * 1000 +
+					   (uint64_t)tv.tv_usec / 1000);
+			if (n > 0)
+				log_info("janitor: vhost %s: %ld idempotency record%s past "
+					 "their time "
+					 "removed",
+					 v->vhost, n, n == 1 ? "" : "s");
+		}
 	}
 }
 
@@ -69,8 +87,9 @@ static void *janitor_main(void *arg)
 	return NULL;
 }
 
-int janitor_start(long interval_s)
+int janitor_start(long interval_s, struct state *st)
 {
+	janitor_state = st;
 	if (interval_s <= 0)
 		return 0;
 	janitor_interval = interval_s;

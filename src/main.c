@@ -216,7 +216,7 @@ int main(int argc, char **argv)
 	if (main_load_rules(NULL) != 0)
 		return 1;
 	janitor_startup(main_rules);
-	if (janitor_start(config_num(&cfg, CFG_PURGE_INTERVAL_S)) != 0) {
+	if (janitor_start(config_num(&cfg, CFG_PURGE_INTERVAL_S), state) != 0) {
 		log_error("cannot start the janitor thread");
 		return 1;
 	}
