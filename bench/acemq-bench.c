@@ -46,6 +46,7 @@ struct bench_opts {
 	int consumers;
 	size_t size;
 	int confirms;
+	int message_ids; /* each publish carries a unique message-id */
 	int window;
 	int auto_ack;
 	int prefetch;
@@ -563,7 +564,19 @@ static void bench_publish_loop(struct bench_worker *w, uint64_t start, uint64_t 
 			next += interval_ns;
 		if (stamp)
 			memcpy(body.bytes, &now, sizeof(now));
-		rc = amqp_basic_publish(w->conn, 1, amqp_empty_bytes, rkey, 0, 0, NULL, body);
+		if (bench_opts.message_ids) {
+			char id[48];
+			amqp_basic_properties_t props;
+
+			props._flags = AMQP_BASIC_MESSAGE_ID_FLAG;
+			snprintf(id, sizeof(id), "%d-%d-%" PRIu64, (int)getpid(), w->index,
+				 w->published);
+			props.message_id = amqp_cstring_bytes(id);
+			rc = amqp_basic_publish(w->conn, 1, amqp_empty_bytes, rkey, 0, 0, &props,
+						body);
+		} else {
+			rc = amqp_basic_publish(w->conn, 1, amqp_empty_bytes, rkey, 0, 0, NULL, body);
+		}
 		if (rc != AMQP_STATUS_OK) {
 			bench_fail(w, "basic.publish: %s", amqp_error_string2(rc));
 			break;
@@ -1199,6 +1212,7 @@ static void bench_usage(FILE *out)
 	    "  -s, --size BYTES         message size, K/M suffixes (default 256, at least 8)\n"
 	    "  -c, --confirms           publisher confirms\n"
 	    "      --window N           unconfirmed messages per publisher (default 256)\n"
+	    "      --message-ids        give each publish a unique message-id property\n"
 	    "  -a, --auto-ack           consumers use auto-ack (default: manual acks)\n"
 	    "      --ack-every N        ack every Nth delivery with multiple=true (default 1)\n"
 	    "  -q, --prefetch N         basic.qos prefetch count, 0 unlimited (default 100)\n"
@@ -1306,6 +1320,7 @@ enum {
 	BENCH_OPT_IDLE_WAIT,
 	BENCH_OPT_IDLE_THREADS,
 	BENCH_OPT_QUIET,
+	BENCH_OPT_MESSAGE_IDS,
 };
 
 static const struct option bench_long_opts[] = {
@@ -1320,6 +1335,7 @@ static const struct option bench_long_opts[] = {
     {"size", required_argument, NULL, 's'},
     {"confirms", no_argument, NULL, 'c'},
     {"window", required_argument, NULL, BENCH_OPT_WINDOW},
+    {"message-ids", no_argument, NULL, BENCH_OPT_MESSAGE_IDS},
     {"auto-ack", no_argument, NULL, 'a'},
     {"ack-every", required_argument, NULL, BENCH_OPT_ACK_EVERY},
     {"prefetch", required_argument, NULL, 'q'},
@@ -1383,6 +1399,9 @@ static int bench_parse_args(int argc, char **argv)
 		case BENCH_OPT_WINDOW:
 			bad = bench_parse_long(optarg, 1, 1 << 20, &v);
 			bench_opts.window = (int)v;
+			break;
+		case BENCH_OPT_MESSAGE_IDS:
+			bench_opts.message_ids = 1;
 			break;
 		case 'a':
 			bench_opts.auto_ack = 1;

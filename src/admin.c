@@ -6,6 +6,7 @@
 #include "rules.h"
 #include "stats.h"
 #include "store/claims.h"
+#include "store/state.h"
 #include "upstream.h"
 #include "worker.h"
 
@@ -23,6 +24,12 @@ static int admin_nworkers;
 static admin_reload_fn admin_reload_cb;
 static admin_rules_fn admin_rules_cb;
 static const char *admin_token;
+static struct state *admin_state;
+
+void admin_set_state(struct state *st)
+{
+	admin_state = st;
+}
 
 /* With a token set, every request carries it as a bearer token; compared
  * in constant time. */
@@ -231,6 +238,17 @@ static void admin_stats(struct evhttp_request *req, void *arg)
 		open += __atomic_load_n(&admin_workers[i].nsessions, __ATOMIC_RELAXED);
 	}
 	evbuffer_add_printf(out, "{\n  \"connections_open\": %lu", open);
+	if (admin_state) {
+		struct state_counters c;
+
+		state_counters(admin_state, &c);
+		evbuffer_add_printf(
+		    out,
+		    ",\n  \"state_commits\": %llu,\n  \"state_writes\": %llu,\n  "
+		    "\"state_write_errors\": %llu,\n  \"state_full_errors\": %llu",
+		    (unsigned long long)c.commits, (unsigned long long)c.writes,
+		    (unsigned long long)c.write_errors, (unsigned long long)c.full_errors);
+	}
 #define ADMIN_PRINT(name, metric, labels, help) \
 	evbuffer_add_printf(out, ",\n  \"%s\": %llu", #name, (unsigned long long)sum.name);
 	STATS_COUNTERS(ADMIN_PRINT)
@@ -271,6 +289,27 @@ static void admin_metrics(struct evhttp_request *req, void *arg)
 			    "# TYPE acemq_proxy_connections_open gauge\n"
 			    "acemq_proxy_connections_open %lu\n",
 			    open);
+	if (admin_state) {
+		struct state_counters c;
+
+		state_counters(admin_state, &c);
+		evbuffer_add_printf(
+		    out,
+		    "# HELP acemq_proxy_state_commits_total LMDB write transactions committed\n"
+		    "# TYPE acemq_proxy_state_commits_total counter\n"
+		    "acemq_proxy_state_commits_total %llu\n"
+		    "# HELP acemq_proxy_state_writes_total writes in them (group commit)\n"
+		    "# TYPE acemq_proxy_state_writes_total counter\n"
+		    "acemq_proxy_state_writes_total %llu\n"
+		    "# HELP acemq_proxy_state_write_errors_total state writes that failed, by "
+		    "why\n"
+		    "# TYPE acemq_proxy_state_write_errors_total counter\n"
+		    "acemq_proxy_state_write_errors_total{why=\"full\"} %llu\n"
+		    "acemq_proxy_state_write_errors_total{why=\"other\"} %llu\n",
+		    (unsigned long long)c.commits, (unsigned long long)c.writes,
+		    (unsigned long long)c.full_errors,
+		    (unsigned long long)(c.write_errors - c.full_errors));
+	}
 	/* Counters of one metric are listed together: HELP and TYPE once. */
 #define ADMIN_METRIC(name, metric, labels, help)                                            \
 	if (strcmp(family, metric) != 0) {                                                  \

@@ -6,6 +6,7 @@ struct event_base;
 struct config;
 struct worker;
 struct rules;
+struct state;
 
 /* Reload the rules; 0, or -1 with the errors in errors (malloc'd). */
 typedef int (*admin_reload_fn)(char **errors);
@@ -17,5 +18,7 @@ int admin_open(struct event_base *base, const char *addr, const struct config *c
 	       struct worker *workers, int nworkers, admin_reload_fn reload,
 	       admin_rules_fn rules);
 void admin_close(void);
+/* The state layer whose counters /stats and /metrics show (may be NULL). */
+void admin_set_state(struct state *st);
 
 #endif

@@ -228,6 +228,7 @@ int main(int argc, char **argv)
 	    admin_open(base, config_str(&cfg, CFG_ADMIN), &cfg, main_workers, main_nworkers,
 		       main_load_rules, main_rules_get) != 0)
 		return 1;
+	admin_set_state(state);
 	sigterm = evsignal_new(base, SIGTERM, main_stop_cb, base);
 	sigint = evsignal_new(base, SIGINT, main_stop_cb, base);
 	sighup = evsignal_new(base, SIGHUP, main_hup_cb, base);

@@ -514,6 +514,7 @@ struct idempotency_gate {
 	struct channel *ch;
 	amqp_method_number_t how;
 	int waiting;
+	int submitted; /* settles handed over now */
 };
 
 static void idempotency_gate_one(void *arg, uint64_t broker_tag)
@@ -532,6 +533,7 @@ static void idempotency_gate_one(void *arg, uint64_t broker_tag)
 		}
 		e->settling = 1;
 		e->counted = 1;
+		g->submitted++;
 		g->st->gate_pending++;
 	}
 	if (!e->settled)
@@ -545,7 +547,7 @@ static int idempotency_ahead_settle(void *arg, const struct frame_info *fi,
 	struct idempotency *st = a->st;
 	amqp_method_number_t id;
 	void *decoded;
-	struct idempotency_gate g = {st, NULL, 0, 0};
+	struct idempotency_gate g = {st, NULL, 0, 0, 0};
 	uint64_t tag = 0;
 	int multiple = 0;
 
@@ -634,11 +636,13 @@ static enum pipe_verdict idempotency_message(void *state, struct session *s, str
 	struct idempotency_ahead a;
 	char *key;
 	size_t klen;
+	int fresh = 0;
 
 	if (m->kind != PIPE_DELIVER && m->kind != PIPE_GET_OK)
 		return PIPE_PASS;
 	e = idempotency_find(st, ch->id, m->broker_tag);
 	if (e == NULL) {
+		fresh = 1;
 		r = idempotency_rule(s, idempotency_queue_of(ch, m->kind, m->method));
 		if (r == NULL)
 			return PIPE_PASS;
@@ -661,11 +665,14 @@ static enum pipe_verdict idempotency_message(void *state, struct session *s, str
 	e->m = m;
 	if (e->phase == PHASE_ANSWERED)
 		return idempotency_decide(e, s);
-	/* Claims for the deliveries behind this one go out now, together. */
-	memset(&a, 0, sizeof(a));
-	a.st = st;
-	a.s = s;
-	session_lookahead(s, DIR_TO_CLIENT, idempotency_ahead_delivery, &a);
+	/* Claims for the deliveries behind this one go out now, together;
+	 * once per batch: the ones behind were claimed by the look-ahead. */
+	if (fresh) {
+		memset(&a, 0, sizeof(a));
+		a.st = st;
+		a.s = s;
+		session_lookahead(s, DIR_TO_CLIENT, idempotency_ahead_delivery, &a);
+	}
 	return PIPE_WAIT;
 }
 
@@ -673,18 +680,20 @@ static int idempotency_settle_gate(void *state, struct session *s, struct channe
 				   amqp_method_number_t how, uint64_t client_tag, int multiple)
 {
 	struct idempotency *st = state;
-	struct idempotency_gate g = {st, ch, how, 0};
+	struct idempotency_gate g = {st, ch, how, 0, 0};
 	struct idempotency_ahead a;
 
 	if (tagmap_covered(&ch->tags, client_tag, multiple, idempotency_gate_one, &g) != 0 ||
 	    !g.waiting)
 		return 0;
 	st->gate_waiting = 1;
-	/* The settles behind it go out with it. */
-	memset(&a, 0, sizeof(a));
-	a.st = st;
-	a.s = s;
-	session_lookahead(s, DIR_TO_BROKER, idempotency_ahead_settle, &a);
+	/* The settles behind it go out with it (once per batch). */
+	if (g.submitted) {
+		memset(&a, 0, sizeof(a));
+		a.st = st;
+		a.s = s;
+		session_lookahead(s, DIR_TO_BROKER, idempotency_ahead_settle, &a);
+	}
 	return 1;
 }
 
