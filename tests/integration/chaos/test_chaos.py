@@ -34,6 +34,7 @@ SECONDS = float(os.environ.get("ACEMQ_CHAOS_SECONDS", "60"))
 SEED = int(os.environ.get("ACEMQ_CHAOS_SEED", str(int(time.time()))))
 SANITIZED = os.environ.get("ACEMQ_IT_SANITIZED") == "1"
 CHAOS_THREADS = 12
+CHAOS_QUEUE = "acemq-chaos-%d-%d" % (SEED, os.getpid())
 PUBLISHERS = 3
 CONSUMERS = 2
 
@@ -188,8 +189,11 @@ def test_chaos():
         # reply_to rewrites, and the claim check sends the good clients'
         # larger bodies through the store and back: the asynchronous
         # pipeline under fire.
+        # and every delivery to the good consumers is claimed and every ack
+        # confirmed (their message-ids are unique: all must arrive once).
         f.write('{"vhost": "/", "reply_to": {"enabled": true}, "claim_check": '
-                '{"match": [{"exchange": ""}], "threshold": 60000}}')
+                '{"match": [{"exchange": ""}], "threshold": 60000}, "idempotency": '
+                '[{"queue": "%s", "key": "message-id"}]}' % CHAOS_QUEUE)
     log = tempfile.NamedTemporaryFile("w+", prefix="acemq-chaos-", suffix=".log", delete=False)
     port, admin = free_port(), free_port()
     proc = subprocess.Popen([PROXY, "--listen", "127.0.0.1:%d" % port, "--upstream", "127.0.0.1:5672",
@@ -225,7 +229,7 @@ def test_chaos():
 
 def _run(proc, port, admin):
     params = pika.ConnectionParameters("127.0.0.1", port, heartbeat=30, blocked_connection_timeout=60)
-    queue = "acemq-chaos-%d-%d" % (SEED, os.getpid())
+    queue = CHAOS_QUEUE
 
     # Warm up (one full client), then take the baseline.
     conn = pika.BlockingConnection(params)
@@ -307,8 +311,10 @@ def _run(proc, port, admin):
     with urllib.request.urlopen("http://127.0.0.1:%d/stats" % admin, timeout=5) as r:
         st = json.loads(r.read())
     print("chaos clients:", counts, "messages sent:", len(sent), "received:", len(received),
-          "offloaded:", st["claims_offloaded"], "rehydrated:", st["claims_rehydrated"])
+          "offloaded:", st["claims_offloaded"], "rehydrated:", st["claims_rehydrated"],
+          "claimed:", st["idem_claimed"])
     assert st["claims_offloaded"] > 0 and st["claims_rehydrated"] > 0
+    assert st["idem_claimed"] >= len(sent) and st["idem_duplicate"] == 0
     assert not errors, "well-behaved clients saw errors: %s" % errors
     assert sum(counts.values()) > 100
     assert len(sent) > 0
