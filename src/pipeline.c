@@ -376,6 +376,7 @@ static int pipeline_finish(struct session *s, struct channel *ch, struct pipe_ms
 	if (v == PIPE_REJECT && m->kind != PIPE_RETURN && !m->no_ack) {
 		amqp_basic_reject_t r = {m->broker_tag, 0};
 
+		pipeline_settled(s, ch, AMQP_BASIC_REJECT_METHOD, m->broker_tag);
 		method_write(session_out(s, DIR_TO_BROKER), ch->id, AMQP_BASIC_REJECT_METHOD,
 			     &r);
 		v = PIPE_SWALLOW;
@@ -384,8 +385,10 @@ static int pipeline_finish(struct session *s, struct channel *ch, struct pipe_ms
 	switch (v) {
 	case PIPE_SWALLOW:
 		s->w->stats.messages_swallowed++;
-		if (m->kind != PIPE_RETURN)
+		if (m->kind != PIPE_RETURN) {
 			pipeline_settle_upstream(s, ch, m);
+			pipeline_settled(s, ch, AMQP_BASIC_ACK_METHOD, m->broker_tag);
+		}
 		if (m->kind == PIPE_GET_OK) {
 			amqp_basic_get_empty_t e = {amqp_empty_bytes};
 
@@ -395,10 +398,8 @@ static int pipeline_finish(struct session *s, struct channel *ch, struct pipe_ms
 		pipe_msg_free(m);
 		return 0;
 	case PIPE_HOLD:
-		if (tagmap_hold(&ch->tags, m->broker_tag) != 0) {
-			pipe_msg_free(m);
-			return -1;
-		}
+		if (tagmap_hold(&ch->tags, m->broker_tag) != 0)
+			return -1; /* the hook still owns m; the session closes */
 		if (m->kind == PIPE_GET_OK) {
 			/* The client's basic.get gets its answer now. */
 			amqp_basic_get_empty_t e = {amqp_empty_bytes};

@@ -162,7 +162,9 @@ static struct idempotency_op *idempotency_submit(struct idempotency *st,
 						 struct idempotency_entry *e, enum idem_op what)
 {
 	struct idempotency_op *op = calloc(1, sizeof(*op));
-	uint64_t owner[2] = {idempotency_instance, (st->s->id << 16) | (e ? e->channel : 0)};
+	/* One owner per delivery: a forget gives up exactly its own claim. */
+	uint64_t owner[2] = {idempotency_instance ^ (e->broker_tag * 0x9E3779B97F4A7C15ull),
+			     (st->s->id << 16) | e->channel};
 	uint64_t span = what == IDEM_CLAIM     ? (uint64_t)e->lease_s * 1000
 			: what == IDEM_CONFIRM ? (uint64_t)e->retention_s * 1000
 					       : 0;
@@ -201,11 +203,21 @@ static void idempotency_let_go(struct idempotency_entry *e, enum idem_op what)
 static void idempotency_put_back(evutil_socket_t fd, short what, void *arg);
 
 /* What happens to a delivery once its claim is answered. */
-static enum pipe_verdict idempotency_decide(struct idempotency_entry *e, struct session *s)
+static enum pipe_verdict idempotency_decide(struct idempotency_entry *e, struct session *s,
+					    struct channel *ch)
 {
 	struct pipe_msg *m = e->m;
 	struct timeval tv = {e->delay_s, 0};
 
+	if (ch == NULL || ch->proxy_closing) {
+		/* Its channel is going: the pipeline drops it, the broker
+		 * requeues it; a claim of its own is given up. */
+		if (e->answer == IDEM_CLAIMED && !e->store_failed)
+			idempotency_let_go(e, IDEM_FORGET);
+		e->m = NULL;
+		idempotency_entry_free(e);
+		return PIPE_PASS;
+	}
 	if (e->store_failed) {
 		/* The store could not say: delivered (never lost; it may run
 		 * twice). */
@@ -293,11 +305,11 @@ static void idempotency_done_in(struct session *s, void *arg)
 			return; /* looked ahead: decided when it is read */
 		ch = session_channel(s, e->channel);
 		m = e->m;
-		v = idempotency_decide(e, s);
-		if (v == PIPE_HOLD)
-			m = e->m; /* stays */
+		v = idempotency_decide(e, s, ch);
 		if (ch)
 			pipeline_resume(s, ch, m, v);
+		else
+			pipeline_drop(s, m);
 		return;
 	}
 	/* A confirm or forget is durable (or failed: the settle goes on, a
@@ -400,6 +412,10 @@ static size_t idempotency_key(const struct rules_idempotency *r, amqp_basic_prop
 			len = *out ? strlen(*out) : 0;
 		}
 		cJSON_Delete(root);
+		if (len == 0) {
+			free(*out);
+			*out = NULL;
+		}
 		return len;
 	}
 	if (src == NULL || len == 0 || len > 255)
@@ -664,7 +680,7 @@ static enum pipe_verdict idempotency_message(void *state, struct session *s, str
 	}
 	e->m = m;
 	if (e->phase == PHASE_ANSWERED)
-		return idempotency_decide(e, s);
+		return idempotency_decide(e, s, ch);
 	/* Claims for the deliveries behind this one go out now, together;
 	 * once per batch: the ones behind were claimed by the look-ahead. */
 	if (fresh) {
@@ -702,8 +718,13 @@ static void idempotency_settle(void *state, struct session *s, struct channel *c
 {
 	struct idempotency_entry *e = idempotency_find(state, ch->id, broker_tag);
 
-	if (e && e->phase == PHASE_DELIVERED)
+	if (e && e->phase == PHASE_DELIVERED) {
+		/* Settled without a confirm or forget of its own: another hook
+		 * disposed of it before the client saw it; its claim goes. */
+		if (!e->settling)
+			idempotency_let_go(e, IDEM_FORGET);
 		idempotency_entry_free(e);
+	}
 }
 
 /* The channel closed, or the broker redelivers everything unacked on it

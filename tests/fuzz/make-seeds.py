@@ -168,3 +168,14 @@ session_seeds_cc = {
 for name, data in session_seeds_cc.items():
     with open(os.path.join(here, "corpus", "session", name), "wb") as f:
         f.write(data)
+session_seeds_idem = {
+    # consume from "q" (the idempotency rule's queue), deliveries carrying
+    # message-ids m0..m3 (p & 0x80), acks, nacks and a recover
+    "idempotency-duplicates": HANDSHAKE + cf(4, 0) + cf(7, 9) + bf(5, 0x84) + bf(5, 0x84)
+    + bf(5, 0x85) + bf(5, 0x84) + cf(8, 4) + cf(9, 8) + cf(8, 13) + cf(19, 0) + cf(13),
+    "idempotency-get-and-close": HANDSHAKE + cf(4, 0) + cf(11, 0) + bf(6, 0x84) + cf(11, 0)
+    + bf(6, 0x84) + cf(12, 0) + bf(14, 0) + cf(13),
+}
+for name, data in session_seeds_idem.items():
+    with open(os.path.join(here, "corpus", "session", name), "wb") as f:
+        f.write(data)
