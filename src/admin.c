@@ -215,28 +215,37 @@ static void admin_reload(struct evhttp_request *req, void *arg)
 	evbuffer_free(out);
 }
 
+/* The workers' counters summed; returns the connections open now. */
+static unsigned long admin_sum(struct stats *sum)
+{
+	unsigned long open = 0;
+	int i;
+
+	memset(sum, 0, sizeof(*sum));
+	for (i = 0; i < admin_nworkers; i++) {
+		const struct stats *st = &admin_workers[i].stats;
+
+#define ADMIN_SUM(name, metric, labels, help) \
+	sum->name += __atomic_load_n(&st->name, __ATOMIC_RELAXED);
+		STATS_COUNTERS(ADMIN_SUM)
+#undef ADMIN_SUM
+		open += __atomic_load_n(&admin_workers[i].nsessions, __ATOMIC_RELAXED);
+	}
+	return open;
+}
+
 static void admin_stats(struct evhttp_request *req, void *arg)
 {
 	struct evbuffer *out = evbuffer_new();
 	struct stats sum;
-	unsigned long open = 0;
-	int i;
+	unsigned long open;
 
 	if (admin_deny(req)) {
 		evbuffer_free(out);
 		return;
 	}
 
-	memset(&sum, 0, sizeof(sum));
-	for (i = 0; i < admin_nworkers; i++) {
-		const struct stats *st = &admin_workers[i].stats;
-
-#define ADMIN_SUM(name, metric, labels, help) \
-	sum.name += __atomic_load_n(&st->name, __ATOMIC_RELAXED);
-		STATS_COUNTERS(ADMIN_SUM)
-#undef ADMIN_SUM
-		open += __atomic_load_n(&admin_workers[i].nsessions, __ATOMIC_RELAXED);
-	}
+	open = admin_sum(&sum);
 	evbuffer_add_printf(out, "{\n  \"connections_open\": %lu", open);
 	if (admin_state) {
 		struct state_counters c;
@@ -265,25 +274,15 @@ static void admin_metrics(struct evhttp_request *req, void *arg)
 {
 	struct evbuffer *out = evbuffer_new();
 	struct stats sum;
-	unsigned long open = 0;
+	unsigned long open;
 	const char *family = "";
-	int i;
 
 	if (admin_deny(req)) {
 		evbuffer_free(out);
 		return;
 	}
 
-	memset(&sum, 0, sizeof(sum));
-	for (i = 0; i < admin_nworkers; i++) {
-		const struct stats *st = &admin_workers[i].stats;
-
-#define ADMIN_SUM(name, metric, labels, help) \
-	sum.name += __atomic_load_n(&st->name, __ATOMIC_RELAXED);
-		STATS_COUNTERS(ADMIN_SUM)
-#undef ADMIN_SUM
-		open += __atomic_load_n(&admin_workers[i].nsessions, __ATOMIC_RELAXED);
-	}
+	open = admin_sum(&sum);
 	evbuffer_add_printf(out,
 			    "# HELP acemq_proxy_connections_open client connections open now\n"
 			    "# TYPE acemq_proxy_connections_open gauge\n"

@@ -80,9 +80,9 @@ START_TEST(precedence)
 		char *argv[] = {"acemq-proxy", "-c", path, "--workers", "7", NULL};
 
 		ck_assert_int_eq(load(&cfg, argv, 5, err, sizeof(err)), 0);
-		ck_assert_int_eq(config_num(&cfg, CFG_WORKERS), 7);              /* cli */
+		ck_assert_int_eq(config_num(&cfg, CFG_WORKERS), 7);           /* cli */
 		ck_assert_str_eq(cfg.v[CFG_UPSTREAM].list[0], "broker:5672"); /* env */
-		ck_assert_int_eq(config_num(&cfg, CFG_LOG_LEVEL), 3);            /* file */
+		ck_assert_int_eq(config_num(&cfg, CFG_LOG_LEVEL), 3);         /* file */
 		ck_assert_str_eq(cfg.v[CFG_WORKERS].source, "command line");
 		ck_assert_str_eq(cfg.v[CFG_UPSTREAM].source, "environment");
 		config_free(&cfg);
