@@ -15,7 +15,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/time.h>
 
 static struct evhttp *admin_http;
 static const struct config *admin_cfg;
@@ -143,11 +142,7 @@ static void admin_claims(struct evhttp_request *req, const char *rest)
 	evbuffer_add_printf(out, ", \"store\": \"%s\"",
 			    where.filesystem ? "filesystem" : "lmdb");
 	if (rc == 0) {
-		struct timeval tv;
-		uint64_t now;
-
-		gettimeofday(&tv, NULL);
-		now = (uint64_t)tv.tv_sec * 1000 + (uint64_t)tv.tv_usec / 1000;
+		uint64_t now = state_now_ms();
 		evbuffer_add_printf(
 		    out,
 		    ", \"present\": true, \"size\": %llu, \"age_s\": %llu, "

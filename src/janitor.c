@@ -5,8 +5,7 @@
 #include "rules.h"
 #include "store/claims.h"
 #include "store/idem.h"
-
-#include <sys/time.h>
+#include "store/state.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -41,12 +40,7 @@ static void janitor_purge(const struct rules *r, int orphans)
 				    v->vhost);
 	idem:
 		if (v->nidempotency > 0 && janitor_state && !orphans) {
-			struct timeval tv;
-
-			gettimeofday(&tv, NULL);
-			n = idem_purge(janitor_state, v->vhost,
-				       (uint64_t)tv.tv_sec * 1000 +
-					   (uint64_t)tv.tv_usec / 1000);
+			n = idem_purge(janitor_state, v->vhost, state_now_ms());
 			if (n > 0)
 				log_info("janitor: vhost %s: %ld idempotency record%s past "
 					 "their time "

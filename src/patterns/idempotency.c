@@ -25,7 +25,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/time.h>
 
 #define IDEMPOTENCY_BUCKETS 256
 
@@ -83,14 +82,6 @@ void idempotency_init(struct state *st)
 	if (RAND_bytes((unsigned char *)&idempotency_instance, sizeof(idempotency_instance)) !=
 	    1)
 		idempotency_instance = (uint64_t)time(NULL);
-}
-
-static uint64_t idempotency_now_ms(void)
-{
-	struct timeval tv;
-
-	gettimeofday(&tv, NULL);
-	return (uint64_t)tv.tv_sec * 1000 + (uint64_t)tv.tv_usec / 1000;
 }
 
 static const struct rules_idempotency *idempotency_rule(struct session *s, const char *queue)
@@ -171,7 +162,7 @@ static struct idempotency_op *idempotency_submit(struct idempotency *st,
 
 	if (op == NULL || idempotency_state == NULL ||
 	    idem_prepare(&op->req, what, st->s->vhost, e->queue, e->key, e->klen, owner,
-			 idempotency_now_ms(), span) != 0) {
+			 state_now_ms(), span) != 0) {
 		free(op);
 		return NULL;
 	}

@@ -17,7 +17,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/time.h>
 #include <unistd.h>
 
 /* LMDB layout, one database per vhost ("claims/VHOST"):
@@ -127,14 +126,6 @@ static int claims_key_new(char out[CLAIMS_KEY_LEN + 1])
 	}
 	out[CLAIMS_KEY_LEN] = 0;
 	return 0;
-}
-
-static uint64_t claims_now_ms(void)
-{
-	struct timeval tv;
-
-	gettimeofday(&tv, NULL);
-	return (uint64_t)tv.tv_sec * 1000 + (uint64_t)tv.tv_usec / 1000;
 }
 
 static void claims_chunk_key(char out[CLAIMS_CHUNK_KEY + 1], const char *key, uint32_t i)
@@ -392,7 +383,7 @@ static void claims_upload_submit(struct claims_upload *u, enum claims_req_kind k
 			n++;
 		}
 		if (kind == CLAIMS_FINISH_REQ) {
-			uint64_t now = claims_now_ms();
+			uint64_t now = state_now_ms();
 
 			memcpy(r->meta, &u->size, 8);
 			memcpy(r->meta + 8, &now, 8);
@@ -777,7 +768,7 @@ long claims_purge(const struct claims_where *where, long retention_s, int orphan
 	memset(&sw, 0, sizeof(sw));
 	sw.orphans = orphans;
 	if (retention_s > 0)
-		sw.cutoff_ms = claims_now_ms() - (uint64_t)retention_s * 1000;
+		sw.cutoff_ms = state_now_ms() - (uint64_t)retention_s * 1000;
 	if (where->filesystem) {
 		DIR *d = opendir(where->name);
 		struct dirent *e;
@@ -799,7 +790,7 @@ long claims_purge(const struct claims_where *where, long retention_s, int orphan
 				continue;
 			if (partial
 				? (!claims_active_has(key) &&
-				   (uint64_t)st.st_mtime * 1000 + 3600000 < claims_now_ms())
+				   (uint64_t)st.st_mtime * 1000 + 3600000 < state_now_ms())
 				: (sw.cutoff_ms && (uint64_t)st.st_mtime * 1000 < sw.cutoff_ms))
 				removed += unlink(path) == 0;
 		}

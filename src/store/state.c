@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 
 #define STATE_MAX_DBS 4096
 
@@ -32,6 +33,14 @@ struct state {
 	struct state_counters counters;
 	int failing; /* an episode of write errors is being logged */
 };
+
+uint64_t state_now_ms(void)
+{
+	struct timeval tv;
+
+	gettimeofday(&tv, NULL);
+	return (uint64_t)tv.tv_sec * 1000 + (uint64_t)tv.tv_usec / 1000;
+}
 
 const char *state_strerror(int rc)
 {

@@ -93,4 +93,7 @@ void state_counters(struct state *st, struct state_counters *out);
 
 const char *state_strerror(int rc);
 
+/* Wall-clock milliseconds since the epoch: the time stored in records. */
+uint64_t state_now_ms(void);
+
 #endif
