@@ -565,6 +565,58 @@ int pipeline_requeue(struct session *s, struct channel *ch, struct pipe_msg *m, 
 	return 0;
 }
 
+int pipeline_ack(struct session *s, struct channel *ch, struct pipe_msg *m)
+{
+	tagmap_unhold(&ch->tags, m->broker_tag);
+	if (!m->no_ack)
+		method_write_basic_ack(session_out(s, DIR_TO_BROKER), ch->id, m->broker_tag, 0);
+	pipe_msg_free(m);
+	return 0;
+}
+
+int pipeline_body_copy(const struct pipe_msg *m, amqp_bytes_t *out)
+{
+	struct evbuffer_ptr pos;
+	uint8_t head[FRAME_HEADER_SIZE];
+	size_t off = m->raw_method_len + m->raw_header_len, total = evbuffer_get_length(m->raw);
+	size_t have = 0;
+
+	out->len = 0;
+	out->bytes = NULL;
+	if (m->body_size > (uint64_t)SIZE_MAX - 1 || (out->bytes = malloc(m->body_size + 1)) == NULL)
+		return -1;
+	if (m->body && !m->body_dirty && evbuffer_get_length(m->body) == m->body_size) {
+		evbuffer_copyout(m->body, out->bytes, m->body_size);
+		out->len = m->body_size;
+		return 0;
+	}
+	while (have < m->body_size && off + FRAME_OVERHEAD <= total) {
+		uint32_t size;
+
+		if (evbuffer_ptr_set(m->raw, &pos, off, EVBUFFER_PTR_SET) != 0 ||
+		    evbuffer_copyout_from(m->raw, &pos, head, sizeof(head)) != (ev_ssize_t)sizeof(head))
+			break;
+		size = (uint32_t)head[3] << 24 | (uint32_t)head[4] << 16 | (uint32_t)head[5] << 8 |
+		       head[6];
+		if (size > m->body_size - have || off + FRAME_OVERHEAD + size > total)
+			break;
+		if (size && (evbuffer_ptr_set(m->raw, &pos, off + FRAME_HEADER_SIZE,
+					      EVBUFFER_PTR_SET) != 0 ||
+			     evbuffer_copyout_from(m->raw, &pos, (uint8_t *)out->bytes + have, size) !=
+				 (ev_ssize_t)size))
+			break;
+		have += size;
+		off += FRAME_OVERHEAD + size;
+	}
+	if (have != m->body_size) {
+		free(out->bytes);
+		out->bytes = NULL;
+		return -1;
+	}
+	out->len = have;
+	return 0;
+}
+
 void pipeline_settled(struct session *s, struct channel *ch, amqp_method_number_t how,
 		      uint64_t broker_tag)
 {

@@ -12,7 +12,7 @@ struct evbuffer;
 struct session;
 struct channel;
 
-#define PIPELINE_MAX_HOOKS 4
+#define PIPELINE_MAX_HOOKS 8
 
 enum pipe_kind { PIPE_PUBLISH, PIPE_DELIVER, PIPE_GET_OK, PIPE_RETURN };
 
@@ -149,6 +149,11 @@ size_t pipeline_client_backlog(struct session *s);
 /* For hooks: forward a held delivery now, or give it back to the broker. */
 int pipeline_release(struct session *s, struct channel *ch, struct pipe_msg *m);
 int pipeline_requeue(struct session *s, struct channel *ch, struct pipe_msg *m, int requeue);
+/* For hooks: acknowledge a held delivery upstream; the client never sees it. */
+int pipeline_ack(struct session *s, struct channel *ch, struct pipe_msg *m);
+/* The message's body (whole, as the publisher or broker sent it) in a new
+ * malloc'd copy; 0 or -1. */
+int pipeline_body_copy(const struct pipe_msg *m, amqp_bytes_t *out);
 
 /* Which hooks want a message (each hook's answer in per_hook); 0 if none. */
 int pipeline_wants(struct session *s, struct channel *ch, enum pipe_kind kind,

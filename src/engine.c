@@ -1,0 +1,2 @@
+/* engine: the proxy's own broker connections. */
+#include "engine.h"

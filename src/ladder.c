@@ -1,0 +1,2 @@
+/* ladder: the schedule ladder contract. */
+#include "ladder.h"

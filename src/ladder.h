@@ -1,0 +1,4 @@
+/* ladder: the schedule ladder contract. */
+#ifndef ACEMQ_LADDER_H
+#define ACEMQ_LADDER_H
+#endif
