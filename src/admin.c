@@ -2,6 +2,7 @@
 #include "admin.h"
 
 #include "config.h"
+#include "engine.h"
 #include "log.h"
 #include "rules.h"
 #include "stats.h"
@@ -257,6 +258,8 @@ static void admin_stats(struct evhttp_request *req, void *arg)
 	evbuffer_add_printf(out, ",\n  \"%s\": %llu", #name, (unsigned long long)sum.name);
 	STATS_COUNTERS(ADMIN_PRINT)
 #undef ADMIN_PRINT
+	evbuffer_add_printf(out, ",\n  \"engines\": ");
+	engine_stats_json(out);
 	evbuffer_add_printf(out, "\n}\n");
 	evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
 			  "application/json");
@@ -315,6 +318,7 @@ static void admin_metrics(struct evhttp_request *req, void *arg)
 			    labels[0] ? "}" : "", (unsigned long long)sum.name);
 	STATS_COUNTERS(ADMIN_METRIC)
 #undef ADMIN_METRIC
+	engine_metrics(out);
 	evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
 			  "text/plain; version=0.0.4");
 	evhttp_send_reply(req, 200, "OK", out);

@@ -20,6 +20,12 @@
 	X(ADMIN, "admin", CFG_STR, "", 0, 0, "admin HTTP address HOST:PORT (empty: off)")   \
 	X(ADMIN_TOKEN, "admin_token", CFG_SECRET, "", 0, 0,                                 \
 	  "bearer token the admin endpoint asks for (needed off loopback)")                 \
+	X(ENGINE_USER, "engine_user", CFG_STR, "", 0, 0,                                    \
+	  "the proxy's own broker user (scheduler, ladder, put-backs; empty: none)")        \
+	X(ENGINE_PASSWORD, "engine_password", CFG_SECRET, "", 0, 0,                         \
+	  "the password of engine_user")                                                    \
+	X(ENGINE_HEARTBEAT_S, "engine_heartbeat_s", CFG_INT, "30", 0, 3600,                 \
+	  "heartbeat of the proxy's own broker connections (0: none)")                      \
 	X(WORKERS, "workers", CFG_INT, "0", 0, 256, "worker threads (0: one per core)")     \
 	X(LOG_LEVEL, "log_level", CFG_LEVEL, "info", 0, 0, "error, warning, info or debug") \
 	X(CONNECT_TIMEOUT_MS, "connect_timeout_ms", CFG_INT, "5000", 1, 600000,             \

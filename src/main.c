@@ -1,6 +1,7 @@
 /* main: start-up, signals and shutdown of the acemq-proxy daemon. */
 #include "admin.h"
 #include "config.h"
+#include "engine.h"
 #include "hooks.h"
 #include "janitor.h"
 #include "jobs.h"
@@ -82,6 +83,7 @@ static int main_load_rules(char **errors)
 	for (i = 0; i < main_nworkers; i++)
 		worker_set_rules(&main_workers[i], r);
 	janitor_set_rules(r);
+	engine_sync(r);
 	rules_ref(r);
 	pthread_mutex_lock(&main_rules_lock);
 	rules_unref(main_rules);
@@ -180,6 +182,10 @@ int main(int argc, char **argv)
 	main_raise_nofile();
 	evthread_use_pthreads();
 	hooks_register();
+	if (engine_configure(&cfg) != 0) {
+		log_error("engine: cannot read the broker addresses or credentials");
+		return 1;
+	}
 	main_rules_dir = config_str(&cfg, CFG_RULES);
 	{
 		struct state_settings set = {config_str(&cfg, CFG_DATA_DIR),
@@ -244,6 +250,7 @@ int main(int argc, char **argv)
 	 * completions are run before the workers are freed. */
 	for (i = 0; i < main_nworkers; i++)
 		pthread_join(main_workers[i].thread, NULL);
+	engine_stop();
 	/* Store operations of sessions that are gone still complete (and
 	 * clean up after themselves) while the store threads run. */
 	for (i = 0; claims_busy() > 0 && i < 10000; i++) {
