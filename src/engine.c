@@ -416,11 +416,36 @@ static int engine_open_channel(struct engine *e, amqp_channel_t ch)
 	return engine_reply_ok(e, "channel.open");
 }
 
+/* Told so, the broker cancels the scheduler's consumer when the control
+ * queue is deleted, instead of dropping it silently. */
+static const amqp_table_t *engine_client_properties(amqp_table_entry_t caps[2],
+						   amqp_table_entry_t props[2], amqp_table_t *table)
+{
+	caps[0].key = amqp_cstring_bytes("consumer_cancel_notify");
+	caps[0].value.kind = AMQP_FIELD_KIND_BOOLEAN;
+	caps[0].value.value.boolean = 1;
+	caps[1].key = amqp_cstring_bytes("publisher_confirms");
+	caps[1].value.kind = AMQP_FIELD_KIND_BOOLEAN;
+	caps[1].value.value.boolean = 1;
+	props[0].key = amqp_cstring_bytes("capabilities");
+	props[0].value.kind = AMQP_FIELD_KIND_TABLE;
+	props[0].value.value.table.num_entries = 2;
+	props[0].value.value.table.entries = caps;
+	props[1].key = amqp_cstring_bytes("connection_name");
+	props[1].value.kind = AMQP_FIELD_KIND_UTF8;
+	props[1].value.value.bytes = amqp_cstring_bytes("acemq-proxy engine");
+	table->num_entries = 2;
+	table->entries = props;
+	return table;
+}
+
 static int engine_connect(struct engine *e)
 {
 	struct timeval tv = {engine_cfg.connect_timeout_ms / 1000,
 			     (engine_cfg.connect_timeout_ms % 1000) * 1000};
 	struct timeval rpc = {30, 0};
+	amqp_table_entry_t caps[2], props[2];
+	amqp_table_t cprops;
 	amqp_socket_t *sock;
 	amqp_rpc_reply_t r;
 	int i, rc = -1;
@@ -449,8 +474,10 @@ static int engine_connect(struct engine *e)
 		goto failed;
 	amqp_set_handshake_timeout(e->conn, &tv);
 	amqp_set_rpc_timeout(e->conn, &rpc);
-	r = amqp_login(e->conn, e->vhost, 0, 131072, (int)engine_cfg.heartbeat_s,
-		       AMQP_SASL_METHOD_PLAIN, engine_cfg.user, engine_cfg.password);
+	r = amqp_login_with_properties(e->conn, e->vhost, 0, 131072, (int)engine_cfg.heartbeat_s,
+				       engine_client_properties(caps, props, &cprops),
+				       AMQP_SASL_METHOD_PLAIN,
+				       engine_cfg.user, engine_cfg.password);
 	if (r.reply_type != AMQP_RESPONSE_NORMAL) {
 		if (!e->down_logged)
 			engine_reply_ok(e, "login");

@@ -170,9 +170,11 @@ static enum pipe_verdict schedule_message(void *state, struct session *s, struct
 	if (d == LADDER_DELAY_NONE)
 		return PIPE_PASS;
 	if (d != LADDER_DELAY_OK) {
-		/* Delivered at once, without the header. */
-		engine_count(st->engine,
-			     d == LADDER_DELAY_BAD ? ENGINE_STAT_sched_bad : ENGINE_STAT_sched_now);
+		/* Delivered at once, without the header; a bad value is
+		 * counted twice: delivered at once, and bad. */
+		engine_count(st->engine, ENGINE_STAT_sched_now);
+		if (d == LADDER_DELAY_BAD)
+			engine_count(st->engine, ENGINE_STAT_sched_bad);
 		if (table_remove(&m->props->headers, rule->header))
 			m->props_dirty = 1;
 		return PIPE_PASS;
