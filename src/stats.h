@@ -69,8 +69,10 @@
 	  "deliveries by the idempotency answer")                                         \
 	X(idem_in_progress, "acemq_proxy_idempotency_total", "answer=\"in_progress\"",    \
 	  "deliveries by the idempotency answer")                                         \
-	X(idem_put_back, "acemq_proxy_idempotency_put_back_total", "",                    \
-	  "in-progress deliveries put back")                                              \
+	X(idem_put_back, "acemq_proxy_idempotency_put_back_total", "how=\"republished\"",     \
+	  "in-progress deliveries put back, by how")                                      \
+	X(idem_put_back_requeued, "acemq_proxy_idempotency_put_back_total",               \
+	  "how=\"requeued\"", "in-progress deliveries put back, by how")                  \
 	X(idem_no_key, "acemq_proxy_idempotency_no_key_total", "",                        \
 	  "deliveries without a key, delivered untouched")                                \
 	X(idem_store_errors, "acemq_proxy_idempotency_store_errors_total", "",            \

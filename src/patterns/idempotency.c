@@ -10,6 +10,7 @@
 #include "../../amqp/frame_scan.h"
 #include "../../amqp/method.h"
 #include "../channel.h"
+#include "../engine.h"
 #include "../log.h"
 #include "../pipeline.h"
 #include "../rules.h"
@@ -48,6 +49,8 @@ struct idempotency_entry {
 	struct pipe_msg *m;        /* waiting for the answer (PIPE_WAIT), or held */
 	struct event *timer;       /* a held one's put-back */
 	struct idempotency_op *op; /* the store operation out for it */
+	struct engine_req *put;    /* a held one's put-back, out */
+	int put_rc;
 	unsigned settling : 1;     /* its confirm or forget is out or done */
 	unsigned settled : 1;      /* ... and done */
 	unsigned counted : 1;      /* the settle gate waits for it */
@@ -132,6 +135,8 @@ static void idempotency_entry_free(struct idempotency_entry *e)
 	idempotency_unlink(e);
 	if (e->op)
 		e->op->e = NULL; /* it completes on its own */
+	if (e->put)
+		e->put->owner = NULL;
 	if (e->counted && !e->settled && e->st->gate_pending > 0)
 		e->st->gate_pending--;
 	if (e->timer)
@@ -254,21 +259,70 @@ static enum pipe_verdict idempotency_decide(struct idempotency_entry *e, struct 
 	}
 }
 
-static void idempotency_put_back_in(struct session *s, void *arg)
+/* The put-back is settled: the original goes (acknowledged) once its copy
+ * is confirmed in the queue; otherwise it is given back with a requeue. */
+static void idempotency_put_back_settle_in(struct session *s, void *arg)
 {
 	struct idempotency_entry *e = arg;
 	struct channel *ch = session_channel(s, e->channel);
 	struct pipe_msg *m = e->m;
+	int copied = e->put_rc == ENGINE_OK;
 
 	e->m = NULL;
 	idempotency_entry_free(e);
-	s->w->stats.idem_put_back++;
-	/* Without an engine connection of the proxy's own, the put-back is a
-	 * nack with requeue (on a quorum queue it counts as a delivery). */
-	if (ch)
-		pipeline_requeue(s, ch, m, 1);
-	else
+	if (ch == NULL) {
 		pipe_msg_free(m);
+		return;
+	}
+	if (copied) {
+		s->w->stats.idem_put_back++;
+		pipeline_ack(s, ch, m);
+	} else {
+		s->w->stats.idem_put_back_requeued++;
+		pipeline_requeue(s, ch, m, 1);
+	}
+}
+
+static void idempotency_put_back_done(struct worker_call *c)
+{
+	struct engine_req *r = (struct engine_req *)c;
+	struct idempotency_entry *e = r->owner;
+
+	if (e) {
+		e->put = NULL;
+		e->put_rc = r->rc;
+	}
+	engine_req_free(r);
+	/* When the session is closing, its teardown frees e; the broker gets
+	 * the original back (and the copy, if confirmed, is one more look at
+	 * a key in progress: put back again later). */
+	if (e)
+		session_complete(e->st->s, idempotency_put_back_settle_in, e);
+}
+
+/* Republish the held delivery to its own queue over the proxy's own
+ * connection, so no delivery attempt is spent (a quorum queue's
+ * delivery-limit); without one, it is nacked with requeue. */
+static void idempotency_put_back_in(struct session *s, void *arg)
+{
+	struct idempotency_entry *e = arg;
+	struct engine_req *r = NULL;
+	amqp_bytes_t body = {0, NULL};
+
+	if (e->m && !e->m->no_ack && engine_enabled() && pipeline_body_copy(e->m, &body) == 0 &&
+	    (r = engine_req_new(s->w, ENGINE_PUBLISH, idempotency_put_back_done)) != NULL &&
+	    engine_req_publish(r, "", e->queue, e->m->props, body) == 0) {
+		r->owner = e;
+		e->put = r;
+		engine_submit(engine_get(s->vhost), r);
+		return;
+	}
+	if (r)
+		engine_req_free(r); /* it took the body */
+	else
+		free(body.bytes);
+	e->put_rc = ENGINE_UNAVAILABLE;
+	idempotency_put_back_settle_in(s, e);
 }
 
 static void idempotency_put_back(evutil_socket_t fd, short what, void *arg)

@@ -1,7 +1,10 @@
 /* fuzz_props: decode a content header's properties; whatever decodes must
- * re-encode and decode to the same bytes. */
+ * re-encode and decode to the same bytes. The schedule ladder's readers
+ * (the delay header, the scheduler's plan, the final properties) run on
+ * what decoded, as they do on what a client or the control queue sends. */
 #include "amqp/content.h"
 #include "amqp/frame_scan.h"
+#include "src/ladder.h"
 
 #include <event2/buffer.h>
 #include <stdlib.h>
@@ -39,6 +42,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 				abort();
 		}
 		evbuffer_free(out);
+		if (props->_flags & AMQP_BASIC_HEADERS_FLAG) {
+			struct ladder_plan plan;
+			int64_t ms;
+
+			ladder_delay(&props->headers, "x-delay", &ms);
+			ladder_plan(props, 1700000000000, &plan);
+			if (plan.action == LADDER_HOP && plan.rung == NULL)
+				abort();
+			ladder_final(props, &pool);
+		}
 	}
 	empty_amqp_pool(&pool);
 	empty_amqp_pool(&pool2);

@@ -176,7 +176,7 @@ static void fuzz_init(void)
 	if (mkdtemp(fuzz_claims) == NULL || jobs_start(0) != 0)
 		abort();
 	{
-		char path[128], json[768], err[256];
+		char path[128], json[1024], err[256];
 		struct state_settings set = {NULL, 64 << 20, 0};
 		struct state *st;
 		FILE *f;
@@ -192,6 +192,7 @@ static void fuzz_init(void)
 			 "\"claim_check\": {\"match\": [{\"exchange\": \"*\"}], \"threshold\": "
 			 "1000, \"on_missing\": \"dead-letter\", "
 			 "\"store\": {\"type\": \"filesystem\", \"path\": \"%s\"}}, "
+			 "\"schedule\": {\"match\": [{\"exchange\": \"\"}], \"engine\": false}, "
 			 "\"idempotency\": [{\"queue\": \"q\", \"key\": \"message-id\", "
 			 "\"lease_s\": 30, \"retention_s\": 60, \"in_progress_delay_s\": 0}]}",
 			 fuzz_claims);
@@ -242,7 +243,7 @@ static amqp_bytes_t fuzz_str(const char *s)
 static void fuzz_body(struct evbuffer *b, uint16_t ch, uint8_t p, const char *rk)
 {
 	amqp_basic_properties_t props = {0};
-	amqp_table_entry_t e;
+	amqp_table_entry_t e[2];
 	size_t len = (size_t)p * 97, i;
 	struct evbuffer *body = evbuffer_new();
 
@@ -260,12 +261,21 @@ static void fuzz_body(struct evbuffer *b, uint16_t ch, uint8_t p, const char *rk
 		props.message_id = fuzz_str(ids[p & 3]);
 	}
 	if (p & 4) {
-		e.key = fuzz_str("acemq-reply-to");
-		e.value.kind = AMQP_FIELD_KIND_UTF8;
-		e.value.value.bytes = fuzz_str("other");
+		e[0].key = fuzz_str("acemq-reply-to");
+		e[0].value.kind = AMQP_FIELD_KIND_UTF8;
+		e[0].value.value.bytes = fuzz_str("other");
+		/* A delay for the schedule rule: good, or not a number. */
+		e[1].key = fuzz_str("x-delay");
+		if (p & 2) {
+			e[1].value.kind = AMQP_FIELD_KIND_I32;
+			e[1].value.value.i32 = 1500;
+		} else {
+			e[1].value.kind = AMQP_FIELD_KIND_UTF8;
+			e[1].value.value.bytes = fuzz_str(p & 1 ? "soon" : "-3");
+		}
 		props._flags |= AMQP_BASIC_HEADERS_FLAG;
-		props.headers.num_entries = 1;
-		props.headers.entries = &e;
+		props.headers.num_entries = p & 8 ? 2 : 1;
+		props.headers.entries = e;
 	}
 	if ((p & 0x30) == 0x30) {
 		/* A claim check: to the stored payload, a missing one, or a

@@ -179,3 +179,34 @@ session_seeds_idem = {
 for name, data in session_seeds_idem.items():
     with open(os.path.join(here, "corpus", "session", name), "wb") as f:
         f.write(data)
+
+session_seeds_schedule = {
+    # publishes carrying x-delay (p & 4, p & 8): 1500 ms (p & 2), "soon"
+    # (p & 1) and "-3": rewritten onto the ladder, or delivered at once
+    "schedule-delayed-publish": HANDSHAKE + cf(4, 0) + cf(5, 0) + cf(6, 0x0e) + cf(6, 0x0d)
+    + cf(6, 0x0c) + cf(6, 0x2e) + cf(13),
+}
+for name, data in session_seeds_schedule.items():
+    with open(os.path.join(here, "corpus", "session", name), "wb") as f:
+        f.write(data)
+
+ladder_headers = table([
+    ("x-schedule-exchange", b"S", longstr(b"billing")),
+    ("x-schedule-routing-key", b"S", longstr(b"invoice.due")),
+    ("x-schedule-due-at", b"l", struct.pack(">q", 1700000000500)),
+    ("x-schedule-content-type", b"S", longstr(b"application/json")),
+    ("x-death", b"A", longstr(b"F" + table([("queue", b"S", longstr(b"acemq.schedule.1s"))]))),
+    ("x-first-death-queue", b"S", longstr(b"acemq.schedule.1s")),
+    ("x-delay", b"S", longstr(b"1500")),
+])
+props_seeds_ladder = {
+    # what the scheduler reads from the control queue, and a delay header
+    "ladder-scheduling-headers": struct.pack(">H", 0x2000) + ladder_headers,
+    "regress-ladder-due-at-string": struct.pack(">H", 0x2000) + table([
+        ("x-schedule-exchange", b"S", longstr(b"")),
+        ("x-schedule-routing-key", b"S", longstr(b"q")),
+        ("x-schedule-due-at", b"S", longstr(b"5"))]),
+}
+for name, data in props_seeds_ladder.items():
+    with open(os.path.join(here, "corpus", "props", name), "wb") as f:
+        f.write(data)
