@@ -47,6 +47,7 @@ struct bench_opts {
 	size_t size;
 	int confirms;
 	int message_ids; /* each publish carries a unique message-id */
+	long delay_ms;   /* > 0: each publish carries an x-delay header */
 	int window;
 	int auto_ack;
 	int prefetch;
@@ -564,14 +565,26 @@ static void bench_publish_loop(struct bench_worker *w, uint64_t start, uint64_t 
 			next += interval_ns;
 		if (stamp)
 			memcpy(body.bytes, &now, sizeof(now));
-		if (bench_opts.message_ids) {
+		if (bench_opts.message_ids || bench_opts.delay_ms > 0) {
 			char id[48];
 			amqp_basic_properties_t props;
+			amqp_table_entry_t delay;
 
-			props._flags = AMQP_BASIC_MESSAGE_ID_FLAG;
-			snprintf(id, sizeof(id), "%d-%d-%" PRIu64, (int)getpid(), w->index,
-				 w->published);
-			props.message_id = amqp_cstring_bytes(id);
+			props._flags = 0;
+			if (bench_opts.message_ids) {
+				props._flags |= AMQP_BASIC_MESSAGE_ID_FLAG;
+				snprintf(id, sizeof(id), "%d-%d-%" PRIu64, (int)getpid(), w->index,
+					 w->published);
+				props.message_id = amqp_cstring_bytes(id);
+			}
+			if (bench_opts.delay_ms > 0) {
+				delay.key = amqp_cstring_bytes("x-delay");
+				delay.value.kind = AMQP_FIELD_KIND_I64;
+				delay.value.value.i64 = bench_opts.delay_ms;
+				props._flags |= AMQP_BASIC_HEADERS_FLAG;
+				props.headers.num_entries = 1;
+				props.headers.entries = &delay;
+			}
 			rc = amqp_basic_publish(w->conn, 1, amqp_empty_bytes, rkey, 0, 0, &props,
 						body);
 		} else {
@@ -1213,6 +1226,7 @@ static void bench_usage(FILE *out)
 	    "  -c, --confirms           publisher confirms\n"
 	    "      --window N           unconfirmed messages per publisher (default 256)\n"
 	    "      --message-ids        give each publish a unique message-id property\n"
+	    "      --delay MS           give each publish an x-delay header of MS\n"
 	    "  -a, --auto-ack           consumers use auto-ack (default: manual acks)\n"
 	    "      --ack-every N        ack every Nth delivery with multiple=true (default 1)\n"
 	    "  -q, --prefetch N         basic.qos prefetch count, 0 unlimited (default 100)\n"
@@ -1321,6 +1335,7 @@ enum {
 	BENCH_OPT_IDLE_THREADS,
 	BENCH_OPT_QUIET,
 	BENCH_OPT_MESSAGE_IDS,
+	BENCH_OPT_DELAY,
 };
 
 static const struct option bench_long_opts[] = {
@@ -1336,6 +1351,7 @@ static const struct option bench_long_opts[] = {
     {"confirms", no_argument, NULL, 'c'},
     {"window", required_argument, NULL, BENCH_OPT_WINDOW},
     {"message-ids", no_argument, NULL, BENCH_OPT_MESSAGE_IDS},
+    {"delay", required_argument, NULL, BENCH_OPT_DELAY},
     {"auto-ack", no_argument, NULL, 'a'},
     {"ack-every", required_argument, NULL, BENCH_OPT_ACK_EVERY},
     {"prefetch", required_argument, NULL, 'q'},
@@ -1402,6 +1418,9 @@ static int bench_parse_args(int argc, char **argv)
 			break;
 		case BENCH_OPT_MESSAGE_IDS:
 			bench_opts.message_ids = 1;
+			break;
+		case BENCH_OPT_DELAY:
+			bench_opts.delay_ms = atol(optarg);
 			break;
 		case 'a':
 			bench_opts.auto_ack = 1;

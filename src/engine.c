@@ -78,6 +78,7 @@ struct engine {
 	struct engine_pending *pend;
 	int64_t retry_at, backoff_ms;
 	int down_logged, malformed_logged;
+	int64_t forbidden_logged_at;
 	struct engine_exchange cache[ENGINE_EXCHANGE_CACHE];
 	struct engine *next;
 };
@@ -355,6 +356,8 @@ static int engine_reply_ok(struct engine *e, const char *what)
 
 	if (r.reply_type == AMQP_RESPONSE_NORMAL)
 		return 0;
+	if (e->down_logged)
+		return -1; /* said once for this episode */
 	if (r.reply_type == AMQP_RESPONSE_SERVER_EXCEPTION &&
 	    (r.reply.id == AMQP_CHANNEL_CLOSE_METHOD ||
 	     r.reply.id == AMQP_CONNECTION_CLOSE_METHOD)) {
@@ -403,6 +406,11 @@ static void engine_disconnect(struct engine *e, int failed)
 	e->ladder_declared = 0;
 	engine_fail_pending(e);
 	if (failed) {
+		if (!e->down_logged)
+			log_warning("engine: vhost %s: the connection of the proxy's own failed; "
+				    "retrying",
+				    e->vhost);
+		e->down_logged = 1;
 		engine_add(e, ENGINE_STAT_failures, 1);
 		e->retry_at = (int64_t)state_now_ms() + e->backoff_ms;
 		e->backoff_ms = e->backoff_ms * 2 > ENGINE_BACKOFF_MAX_MS ? ENGINE_BACKOFF_MAX_MS
@@ -493,12 +501,8 @@ static int engine_connect(struct engine *e)
 	e->next_seq = 0;
 	__atomic_store_n(&e->connected, 1, __ATOMIC_RELAXED);
 	engine_add(e, ENGINE_STAT_connects, 1);
-	if (e->down_logged)
-		log_info("engine: vhost %s: connected again", e->vhost);
-	else
+	if (!e->down_logged)
 		log_info("engine: vhost %s: connected as %s", e->vhost, engine_cfg.user);
-	e->down_logged = 0;
-	e->backoff_ms = ENGINE_BACKOFF_MIN_MS;
 	return 0;
 
 failed_conn:
@@ -798,11 +802,19 @@ static int engine_schedule(struct engine *e, uint64_t tag, amqp_message_t *msg)
 		break;
 	case LADDER_DELIVER:
 		if (!engine_allowed(e, plan.exchange, plan.routing_key)) {
+			int64_t now = (int64_t)state_now_ms();
+
 			engine_add(e, ENGINE_STAT_forbidden, 1);
-			log_warning("engine: vhost %s: a scheduled message for exchange '%.*s' "
-				    "routing key '%.*s' was dropped: no schedule rule allows it",
-				    e->vhost, (int)plan.exchange.len, (const char *)plan.exchange.bytes,
-				    (int)plan.routing_key.len, (const char *)plan.routing_key.bytes);
+			if (now - e->forbidden_logged_at >= 60000) {
+				/* One line a minute at most. */
+				e->forbidden_logged_at = now;
+				log_warning("engine: vhost %s: a scheduled message for exchange "
+					    "'%.*s' routing key '%.*s' was dropped: no schedule rule "
+					    "allows it",
+					    e->vhost, (int)plan.exchange.len,
+					    (const char *)plan.exchange.bytes, (int)plan.routing_key.len,
+					    (const char *)plan.routing_key.bytes);
+			}
 			return amqp_basic_ack(e->conn, ENGINE_CH_CONSUME, tag, 0) == AMQP_STATUS_OK
 				   ? 0
 				   : -1;
@@ -1043,6 +1055,12 @@ static void *engine_main(void *arg)
 			/* The rules stopped the scheduler: start over without it. */
 			engine_disconnect(e, 0);
 			continue;
+		}
+		if (e->down_logged) {
+			/* Connected and set up again: the episode is over. */
+			log_info("engine: vhost %s: connected again", e->vhost);
+			e->down_logged = 0;
+			e->backoff_ms = ENGINE_BACKOFF_MIN_MS;
 		}
 		while ((r = reqs) != NULL) {
 			reqs = r->next;

@@ -516,7 +516,8 @@ int rules_matches(const struct rules_matchlist *m, const char *exchange, size_t 
 		const struct rules_match *x = &m->v[i];
 
 		if (x->exchange &&
-		    (strlen(x->exchange) != elen || memcmp(x->exchange, exchange, elen) != 0))
+		    (strlen(x->exchange) != elen ||
+		     (elen && memcmp(x->exchange, exchange, elen) != 0)))
 			continue;
 		if (x->rk && !topic_match(x->rk, rk, rklen))
 			continue;
