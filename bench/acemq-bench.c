@@ -48,6 +48,7 @@ struct bench_opts {
 	int confirms;
 	int message_ids; /* each publish carries a unique message-id */
 	long delay_ms;   /* > 0: each publish carries an x-delay header */
+	const char *exchange, *routing_key; /* publish there instead of the queue */
 	int window;
 	int auto_ack;
 	int prefetch;
@@ -520,7 +521,10 @@ static int bench_publisher_poll(struct bench_worker *w, uint64_t wait_ns)
 static void bench_publish_loop(struct bench_worker *w, uint64_t start, uint64_t deadline,
 			       uint64_t limit, uint64_t interval_ns, int stamp)
 {
-	amqp_bytes_t body, rkey = amqp_cstring_bytes(bench_queue);
+	amqp_bytes_t body, rkey = amqp_cstring_bytes(bench_opts.routing_key ? bench_opts.routing_key
+									   : bench_queue);
+	amqp_bytes_t exchange =
+	    bench_opts.exchange ? amqp_cstring_bytes(bench_opts.exchange) : amqp_empty_bytes;
 	uint64_t now, next = start, zero = 0, drain_until;
 	unsigned window = (unsigned)bench_opts.window;
 	size_t i;
@@ -585,10 +589,10 @@ static void bench_publish_loop(struct bench_worker *w, uint64_t start, uint64_t 
 				props.headers.num_entries = 1;
 				props.headers.entries = &delay;
 			}
-			rc = amqp_basic_publish(w->conn, 1, amqp_empty_bytes, rkey, 0, 0, &props,
+			rc = amqp_basic_publish(w->conn, 1, exchange, rkey, 0, 0, &props,
 						body);
 		} else {
-			rc = amqp_basic_publish(w->conn, 1, amqp_empty_bytes, rkey, 0, 0, NULL, body);
+			rc = amqp_basic_publish(w->conn, 1, exchange, rkey, 0, 0, NULL, body);
 		}
 		if (rc != AMQP_STATUS_OK) {
 			bench_fail(w, "basic.publish: %s", amqp_error_string2(rc));
@@ -1227,6 +1231,8 @@ static void bench_usage(FILE *out)
 	    "      --window N           unconfirmed messages per publisher (default 256)\n"
 	    "      --message-ids        give each publish a unique message-id property\n"
 	    "      --delay MS           give each publish an x-delay header of MS\n"
+	    "      --exchange NAME      publish to this exchange (default: \"\")\n"
+	    "      --routing-key KEY    with this routing key (default: the queue)\n"
 	    "  -a, --auto-ack           consumers use auto-ack (default: manual acks)\n"
 	    "      --ack-every N        ack every Nth delivery with multiple=true (default 1)\n"
 	    "  -q, --prefetch N         basic.qos prefetch count, 0 unlimited (default 100)\n"
@@ -1336,6 +1342,8 @@ enum {
 	BENCH_OPT_QUIET,
 	BENCH_OPT_MESSAGE_IDS,
 	BENCH_OPT_DELAY,
+	BENCH_OPT_EXCHANGE,
+	BENCH_OPT_ROUTING_KEY,
 };
 
 static const struct option bench_long_opts[] = {
@@ -1352,6 +1360,8 @@ static const struct option bench_long_opts[] = {
     {"window", required_argument, NULL, BENCH_OPT_WINDOW},
     {"message-ids", no_argument, NULL, BENCH_OPT_MESSAGE_IDS},
     {"delay", required_argument, NULL, BENCH_OPT_DELAY},
+    {"exchange", required_argument, NULL, BENCH_OPT_EXCHANGE},
+    {"routing-key", required_argument, NULL, BENCH_OPT_ROUTING_KEY},
     {"auto-ack", no_argument, NULL, 'a'},
     {"ack-every", required_argument, NULL, BENCH_OPT_ACK_EVERY},
     {"prefetch", required_argument, NULL, 'q'},
@@ -1421,6 +1431,12 @@ static int bench_parse_args(int argc, char **argv)
 			break;
 		case BENCH_OPT_DELAY:
 			bench_opts.delay_ms = atol(optarg);
+			break;
+		case BENCH_OPT_EXCHANGE:
+			bench_opts.exchange = optarg;
+			break;
+		case BENCH_OPT_ROUTING_KEY:
+			bench_opts.routing_key = optarg;
 			break;
 		case 'a':
 			bench_opts.auto_ack = 1;
