@@ -9,6 +9,7 @@
 #include "store/claims.h"
 #include "store/state.h"
 #include "upstream.h"
+#include "vstats.h"
 #include "worker.h"
 
 #include <event2/buffer.h>
@@ -260,6 +261,8 @@ static void admin_stats(struct evhttp_request *req, void *arg)
 #undef ADMIN_PRINT
 	evbuffer_add_printf(out, ",\n  \"engines\": ");
 	engine_stats_json(out);
+	evbuffer_add_printf(out, ",\n  \"queues\": ");
+	vstats_json(out);
 	evbuffer_add_printf(out, "\n}\n");
 	evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
 			  "application/json");
@@ -319,6 +322,7 @@ static void admin_metrics(struct evhttp_request *req, void *arg)
 	STATS_COUNTERS(ADMIN_METRIC)
 #undef ADMIN_METRIC
 	engine_metrics(out);
+	vstats_metrics(out);
 	evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
 			  "text/plain; version=0.0.4");
 	evhttp_send_reply(req, 200, "OK", out);

@@ -16,6 +16,7 @@
 #include "../rules.h"
 #include "../session.h"
 #include "../store/idem.h"
+#include "../vstats.h"
 #include "../worker.h"
 
 #include <cjson/cJSON.h>
@@ -28,6 +29,7 @@
 #include <string.h>
 
 #define IDEMPOTENCY_BUCKETS 256
+#define IDEMPOTENCY_VSTATS  4
 
 enum idempotency_phase {
 	PHASE_CLAIMING,  /* the claim is out */
@@ -50,6 +52,7 @@ struct idempotency_entry {
 	struct event *timer;       /* a held one's put-back */
 	struct idempotency_op *op; /* the store operation out for it */
 	struct engine_req *put;    /* a held one's put-back, out */
+	struct vstats *vs;         /* its vhost and queue's counters */
 	int put_rc;
 	unsigned settling : 1;     /* its confirm or forget is out or done */
 	unsigned settled : 1;      /* ... and done */
@@ -71,6 +74,11 @@ struct idempotency {
 	struct session *s;
 	uint64_t owner0;
 	struct idempotency_entry *buckets[IDEMPOTENCY_BUCKETS];
+	struct {
+		char *queue;
+		struct vstats *vs;
+	} vs[IDEMPOTENCY_VSTATS];
+	unsigned vs_next;
 	int gate_pending; /* counted settles not yet done */
 	int gate_waiting; /* a client settle waits for them */
 	amqp_pool_t pool; /* look-ahead decoding */
@@ -227,11 +235,13 @@ static enum pipe_verdict idempotency_decide(struct idempotency_entry *e, struct 
 	switch (e->answer) {
 	case IDEM_DUPLICATE:
 		s->w->stats.idem_duplicate++;
+		vstats_add(e->vs, VSTATS_duplicate);
 		e->m = NULL;
 		idempotency_entry_free(e);
 		return PIPE_SWALLOW; /* acknowledged upstream; never seen */
 	case IDEM_IN_PROGRESS:
 		s->w->stats.idem_in_progress++;
+		vstats_add(e->vs, VSTATS_in_progress);
 		if (m->no_ack) {
 			/* The broker let go of it already: delivered, not lost. */
 			e->m = NULL;
@@ -248,6 +258,7 @@ static enum pipe_verdict idempotency_decide(struct idempotency_entry *e, struct 
 		return PIPE_HOLD; /* m stays with the entry */
 	default:
 		s->w->stats.idem_claimed++;
+		vstats_add(e->vs, VSTATS_claimed);
 		e->phase = PHASE_DELIVERED;
 		e->m = NULL;
 		if (m->no_ack) {
@@ -266,6 +277,7 @@ static void idempotency_put_back_settle_in(struct session *s, void *arg)
 	struct idempotency_entry *e = arg;
 	struct channel *ch = session_channel(s, e->channel);
 	struct pipe_msg *m = e->m;
+	struct vstats *vs = e->vs;
 	int copied = e->put_rc == ENGINE_OK;
 
 	e->m = NULL;
@@ -276,9 +288,11 @@ static void idempotency_put_back_settle_in(struct session *s, void *arg)
 	}
 	if (copied) {
 		s->w->stats.idem_put_back++;
+		vstats_add(vs, VSTATS_put_back);
 		pipeline_ack(s, ch, m);
 	} else {
 		s->w->stats.idem_put_back_requeued++;
+		vstats_add(vs, VSTATS_requeued);
 		pipeline_requeue(s, ch, m, 1);
 	}
 }
@@ -344,6 +358,8 @@ static void idempotency_done_in(struct session *s, void *arg)
 	e->op = NULL;
 	if (op->req.what == IDEM_CLAIM) {
 		e->answer = op->req.answer;
+		if (op->req.lease_expired)
+			vstats_add(e->vs, VSTATS_leases_expired);
 		e->store_failed = op->req.w.rc != STATE_OK;
 		e->phase = PHASE_ANSWERED;
 		if (e->m == NULL)
@@ -472,6 +488,21 @@ static size_t idempotency_key(const struct rules_idempotency *r, amqp_basic_prop
 	return len;
 }
 
+/* The counters of a queue of the session's vhost (a few cached per session). */
+static struct vstats *idempotency_vstats(struct idempotency *st, const char *queue)
+{
+	int i;
+
+	for (i = 0; i < IDEMPOTENCY_VSTATS; i++)
+		if (st->vs[i].queue && strcmp(st->vs[i].queue, queue) == 0)
+			return st->vs[i].vs;
+	i = st->vs_next++ % IDEMPOTENCY_VSTATS;
+	free(st->vs[i].queue);
+	st->vs[i].queue = strdup(queue);
+	st->vs[i].vs = vstats_get(st->s->vhost, queue);
+	return st->vs[i].vs;
+}
+
 static struct idempotency_entry *idempotency_entry_new(struct idempotency *st, uint16_t ch,
 						       uint64_t tag, const char *queue,
 						       const struct rules_idempotency *r,
@@ -492,6 +523,7 @@ static struct idempotency_entry *idempotency_entry_new(struct idempotency *st, u
 	e->lease_s = r->lease_s;
 	e->retention_s = r->retention_s;
 	e->delay_s = r->in_progress_delay_s;
+	e->vs = idempotency_vstats(st, queue);
 	slot = idempotency_slot(st, ch, tag);
 	e->next = *slot;
 	*slot = e;
@@ -663,6 +695,8 @@ static void idempotency_detach(void *state)
 				idempotency_let_go(e, IDEM_FORGET);
 			idempotency_entry_free(e);
 		}
+	for (i = 0; i < IDEMPOTENCY_VSTATS; i++)
+		free(st->vs[i].queue);
 	empty_amqp_pool(&st->pool);
 	free(st);
 }
@@ -710,6 +744,7 @@ static enum pipe_verdict idempotency_message(void *state, struct session *s, str
 		klen = idempotency_key(r, m->props, m->body, &key);
 		if (klen == 0) {
 			s->w->stats.idem_no_key++;
+			vstats_add(idempotency_vstats(st, r->queue), VSTATS_no_key);
 			return PIPE_PASS;
 		}
 		e = idempotency_entry_new(st, ch->id, m->broker_tag,

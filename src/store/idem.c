@@ -32,6 +32,7 @@ enum state_decision idem_decide(struct idem_req *r, const struct idem_record *cu
 		}
 		/* Absent, or its time passed: claim it. */
 		r->answer = IDEM_CLAIMED;
+		r->lease_expired = cur != NULL && cur->state == IDEM_STATE_CLAIMED;
 		r->rec.state = IDEM_STATE_CLAIMED;
 		r->rec.until_ms = r->now_ms + r->span_ms;
 		memcpy(r->rec.owner, r->owner, sizeof(r->rec.owner));

@@ -38,6 +38,7 @@ struct idem_req {
 	uint64_t now_ms, span_ms; /* lease (claim) or retention (confirm) */
 	uint64_t owner[2];
 	enum idem_answer answer;
+	int lease_expired;      /* CLAIMED over a claim whose lease ran out */
 	struct idem_record rec; /* the value written */
 	char db[300];
 	char key[IDEM_KEY_MAX];

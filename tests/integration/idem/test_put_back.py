@@ -3,10 +3,12 @@ on a quorum queue with x-delivery-limit 1, a duplicate that waits for the
 first copy's handler is republished rather than requeued, so it spends no
 delivery attempt and is not dead-lettered; without the proxy's credentials
 the fallback (nack with requeue) does spend them, as the docs say."""
+import json
 import os
 import shutil
 import tempfile
 import time
+import urllib.request
 import uuid
 
 import pika
@@ -87,11 +89,20 @@ def scenario(port):
     return seen, dead, left
 
 
+def queue_stats(p):
+    with urllib.request.urlopen("http://127.0.0.1:%d/stats" % p.admin, timeout=10) as r:
+        rows = json.loads(r.read())["queues"]
+    return [q for q in rows if q["vhost"] == "/" and q["queue"] == QQ][0]
+
+
 @pytest.fixture
 def engine_proxy():
     rules = rules_dir()
     data = tempfile.mkdtemp(prefix="acemq-idem-qq-data-")
-    p = Proxy(rules, data, ["--engine-user", "guest", "--engine-password", "guest"])
+    admin = support.free_port()
+    p = Proxy(rules, data, ["--engine-user", "guest", "--engine-password", "guest",
+                            "--admin", "127.0.0.1:%d" % admin])
+    p.admin = admin
     yield p
     rc = p.stop()
     text = p.stderr()
@@ -105,7 +116,9 @@ def engine_proxy():
 def plain_proxy():
     rules = rules_dir()
     data = tempfile.mkdtemp(prefix="acemq-idem-qq-data-")
-    p = Proxy(rules, data)
+    admin = support.free_port()
+    p = Proxy(rules, data, ["--admin", "127.0.0.1:%d" % admin])
+    p.admin = admin
     yield p
     assert p.stop() == 0
     shutil.rmtree(rules, ignore_errors=True)
@@ -123,6 +136,11 @@ def test_put_back_spends_no_delivery_attempt(engine_proxy):
     assert left == 0
     log = engine_proxy.stderr()
     assert "engine: vhost /: connected as guest" in log
+    st = queue_stats(engine_proxy)
+    assert st["claimed"] == 1
+    assert st["in_progress"] >= 1
+    assert st["put_back"] >= 1 and st["requeued"] == 0
+    assert st["duplicate"] >= 1
 
 
 def test_requeue_fallback_spends_them(plain_proxy):
@@ -132,3 +150,5 @@ def test_requeue_fallback_spends_them(plain_proxy):
     seen, dead, left = scenario(plain_proxy.port)
     assert seen == []
     assert dead == 1
+    st = queue_stats(plain_proxy)
+    assert st["requeued"] >= 1 and st["put_back"] == 0

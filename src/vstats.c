@@ -1,0 +1,118 @@
+/* vstats: counters per vhost and queue (the idempotency answers), one
+ * X-macro list for storage, /stats and /metrics. */
+#include "vstats.h"
+
+#include <event2/buffer.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct vstats {
+	char *vhost, *queue;
+	uint64_t v[VSTATS_COUNT]; /* atomic */
+	struct vstats *next;
+};
+
+static pthread_mutex_t vstats_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct vstats *vstats_list;
+
+struct vstats *vstats_get(const char *vhost, const char *queue)
+{
+	struct vstats *v;
+
+	pthread_mutex_lock(&vstats_lock);
+	for (v = vstats_list; v; v = v->next)
+		if (strcmp(v->vhost, vhost) == 0 && strcmp(v->queue, queue) == 0)
+			break;
+	if (v == NULL && (v = calloc(1, sizeof(*v))) != NULL) {
+		v->vhost = strdup(vhost);
+		v->queue = strdup(queue);
+		if (v->vhost == NULL || v->queue == NULL) {
+			free(v->vhost);
+			free(v->queue);
+			free(v);
+			v = NULL;
+		} else {
+			v->next = vstats_list;
+			vstats_list = v;
+		}
+	}
+	pthread_mutex_unlock(&vstats_lock);
+	return v;
+}
+
+void vstats_add(struct vstats *v, enum vstats_counter which)
+{
+	if (v)
+		__atomic_fetch_add(&v->v[which], 1, __ATOMIC_RELAXED);
+}
+
+/* Escaped for a JSON string, or (json 0) a Prometheus label value. */
+static void vstats_escaped(struct evbuffer *out, const char *s, int json)
+{
+	for (; *s; s++) {
+		if (*s == '\\' || *s == '"')
+			evbuffer_add_printf(out, "\\%c", *s);
+		else if (*s == '\n')
+			evbuffer_add(out, "\\n", 2);
+		else if (json && (unsigned char)*s < 0x20)
+			evbuffer_add_printf(out, "\\u%04x", (unsigned char)*s);
+		else
+			evbuffer_add(out, s, 1);
+	}
+}
+
+void vstats_json(struct evbuffer *out)
+{
+	struct vstats *v;
+	int first = 1;
+
+	pthread_mutex_lock(&vstats_lock);
+	evbuffer_add_printf(out, "[");
+	for (v = vstats_list; v; v = v->next) {
+		evbuffer_add_printf(out, "%s\n    {\"vhost\": \"", first ? "" : ",");
+		vstats_escaped(out, v->vhost, 1);
+		evbuffer_add_printf(out, "\", \"queue\": \"");
+		vstats_escaped(out, v->queue, 1);
+		evbuffer_add_printf(out, "\"");
+#define VSTATS_JSON(name, metric, labels, help)                      \
+	evbuffer_add_printf(out, ", \"%s\": %llu", #name,                \
+			    (unsigned long long)__atomic_load_n(     \
+				&v->v[VSTATS_##name], __ATOMIC_RELAXED));
+		VSTATS_COUNTERS(VSTATS_JSON)
+#undef VSTATS_JSON
+		evbuffer_add_printf(out, "}");
+		first = 0;
+	}
+	evbuffer_add_printf(out, "%s]", first ? "" : "\n  ");
+	pthread_mutex_unlock(&vstats_lock);
+}
+
+void vstats_metrics(struct evbuffer *out)
+{
+	struct vstats *v;
+	const char *family = "";
+
+	pthread_mutex_lock(&vstats_lock);
+	if (vstats_list == NULL)
+		goto out;
+#define VSTATS_METRIC(name, metric, labels, help)                                           \
+	if (strcmp(family, metric) != 0) {                                                  \
+		family = metric;                                                            \
+		evbuffer_add_printf(out, "# HELP %s %s\n# TYPE %s counter\n", metric, help, \
+				    metric);                                                \
+	}                                                                                   \
+	for (v = vstats_list; v; v = v->next) {                                             \
+		evbuffer_add_printf(out, "%s{vhost=\"", metric);                            \
+		vstats_escaped(out, v->vhost, 0);                                           \
+		evbuffer_add_printf(out, "\",queue=\"");                                    \
+		vstats_escaped(out, v->queue, 0);                                           \
+		evbuffer_add_printf(out, "\"%s%s} %llu\n", labels[0] ? "," : "", labels,    \
+				    (unsigned long long)__atomic_load_n(&v->v[VSTATS_##name], \
+									__ATOMIC_RELAXED)); \
+	}
+	VSTATS_COUNTERS(VSTATS_METRIC)
+#undef VSTATS_METRIC
+out:
+	pthread_mutex_unlock(&vstats_lock);
+}
