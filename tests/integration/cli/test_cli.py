@@ -162,3 +162,22 @@ def test_sigterm_drains_then_closes_with_320():
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+MAN = os.path.join(os.path.dirname(__file__), "..", "..", "..", "docs", "acemq-proxy.8")
+
+
+def test_man_page_names_every_setting_and_signal():
+    """acemq-proxy(8) keeps up with the settings table: every setting --help
+    lists has its entry, and the signals the proxy handles are there."""
+    helptext = run("--help").stdout
+    names = [line.split()[0] for line in helptext.split("settings:")[1].splitlines()
+             if line.startswith("  ") and line.split()]
+    assert len(names) >= 20
+    with open(MAN) as f:
+        man = f.read()
+    entries = {line[len(".B "):].strip() for line in man.splitlines() if line.startswith(".B ")}
+    missing = [n for n in names if n not in entries]
+    assert not missing, "settings missing from acemq-proxy.8: %s" % missing
+    for sig in ("SIGTERM", "SIGINT", "SIGHUP"):
+        assert sig in man
