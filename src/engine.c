@@ -25,10 +25,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#define ENGINE_CH_CONSUME 1
-#define ENGINE_CH_PUBLISH 2
-#define ENGINE_CH_RPC     3
-#define ENGINE_PREFETCH   256
+#define ENGINE_CH_CONSUME     1
+#define ENGINE_CH_PUBLISH     2
+#define ENGINE_CH_RPC         3
+#define ENGINE_PREFETCH       256
 #define ENGINE_BACKOFF_MIN_MS 100
 #define ENGINE_BACKOFF_MAX_MS 10000
 #define ENGINE_EXCHANGE_CACHE 16
@@ -172,8 +172,8 @@ static int engine_props_copy(amqp_basic_properties_t *d, const amqp_basic_proper
 	int rc = 0;
 
 	*d = *p;
-#define ENGINE_COPY(flag, field)   \
-	if (p->_flags & (flag)) \
+#define ENGINE_COPY(flag, field) \
+	if (p->_flags & (flag))  \
 		rc |= engine_bytes(pool, &d->field, p->field);
 	ENGINE_COPY(AMQP_BASIC_CONTENT_TYPE_FLAG, content_type)
 	ENGINE_COPY(AMQP_BASIC_CONTENT_ENCODING_FLAG, content_encoding)
@@ -299,9 +299,10 @@ void engine_sync(struct rules *r)
 		if (!v->schedule.enabled)
 			continue;
 		if (!engine_enabled())
-			log_warning("engine: vhost %s: schedule rules, but engine_user is not set: "
-				    "the proxy neither declares the ladder nor runs the scheduler",
-				    v->vhost);
+			log_warning(
+			    "engine: vhost %s: schedule rules, but engine_user is not set: "
+			    "the proxy neither declares the ladder nor runs the scheduler",
+			    v->vhost);
 		engine_get(v->vhost);
 	}
 	pthread_mutex_lock(&engine_list_lock);
@@ -407,14 +408,16 @@ static void engine_disconnect(struct engine *e, int failed)
 	engine_fail_pending(e);
 	if (failed) {
 		if (!e->down_logged)
-			log_warning("engine: vhost %s: the connection of the proxy's own failed; "
-				    "retrying",
-				    e->vhost);
+			log_warning(
+			    "engine: vhost %s: the connection of the proxy's own failed; "
+			    "retrying",
+			    e->vhost);
 		e->down_logged = 1;
 		engine_add(e, ENGINE_STAT_failures, 1);
 		e->retry_at = (int64_t)state_now_ms() + e->backoff_ms;
-		e->backoff_ms = e->backoff_ms * 2 > ENGINE_BACKOFF_MAX_MS ? ENGINE_BACKOFF_MAX_MS
-									 : e->backoff_ms * 2;
+		e->backoff_ms = e->backoff_ms * 2 > ENGINE_BACKOFF_MAX_MS
+				    ? ENGINE_BACKOFF_MAX_MS
+				    : e->backoff_ms * 2;
 	}
 }
 
@@ -427,7 +430,8 @@ static int engine_open_channel(struct engine *e, amqp_channel_t ch)
 /* Told so, the broker cancels the scheduler's consumer when the control
  * queue is deleted, instead of dropping it silently. */
 static const amqp_table_t *engine_client_properties(amqp_table_entry_t caps[2],
-						   amqp_table_entry_t props[2], amqp_table_t *table)
+						    amqp_table_entry_t props[2],
+						    amqp_table_t *table)
 {
 	caps[0].key = amqp_cstring_bytes("consumer_cancel_notify");
 	caps[0].value.kind = AMQP_FIELD_KIND_BOOLEAN;
@@ -467,11 +471,12 @@ static int engine_connect(struct engine *e)
 			e->conn = NULL;
 			return -1;
 		}
-		rc = amqp_socket_open_noblock(sock, engine_cfg.hosts[i], engine_cfg.ports[i], &tv);
+		rc = amqp_socket_open_noblock(sock, engine_cfg.hosts[i], engine_cfg.ports[i],
+					      &tv);
 		if (rc != AMQP_STATUS_OK) {
 			if (!e->down_logged)
-				log_warning("engine: vhost %s: cannot reach %s:%d: %s", e->vhost,
-					    engine_cfg.hosts[i], engine_cfg.ports[i],
+				log_warning("engine: vhost %s: cannot reach %s:%d: %s",
+					    e->vhost, engine_cfg.hosts[i], engine_cfg.ports[i],
 					    amqp_error_string2(rc));
 			amqp_destroy_connection(e->conn);
 			e->conn = NULL;
@@ -482,10 +487,10 @@ static int engine_connect(struct engine *e)
 		goto failed;
 	amqp_set_handshake_timeout(e->conn, &tv);
 	amqp_set_rpc_timeout(e->conn, &rpc);
-	r = amqp_login_with_properties(e->conn, e->vhost, 0, 131072, (int)engine_cfg.heartbeat_s,
-				       engine_client_properties(caps, props, &cprops),
-				       AMQP_SASL_METHOD_PLAIN,
-				       engine_cfg.user, engine_cfg.password);
+	r = amqp_login_with_properties(
+	    e->conn, e->vhost, 0, 131072, (int)engine_cfg.heartbeat_s,
+	    engine_client_properties(caps, props, &cprops), AMQP_SASL_METHOD_PLAIN,
+	    engine_cfg.user, engine_cfg.password);
 	if (r.reply_type != AMQP_RESPONSE_NORMAL) {
 		if (!e->down_logged)
 			engine_reply_ok(e, "login");
@@ -515,8 +520,8 @@ failed:
 	e->down_logged = 1;
 	engine_add(e, ENGINE_STAT_failures, 1);
 	e->retry_at = (int64_t)state_now_ms() + e->backoff_ms;
-	e->backoff_ms =
-	    e->backoff_ms * 2 > ENGINE_BACKOFF_MAX_MS ? ENGINE_BACKOFF_MAX_MS : e->backoff_ms * 2;
+	e->backoff_ms = e->backoff_ms * 2 > ENGINE_BACKOFF_MAX_MS ? ENGINE_BACKOFF_MAX_MS
+								  : e->backoff_ms * 2;
 	return -1;
 }
 
@@ -533,8 +538,10 @@ static int engine_declare_ladder(struct engine *e)
 	for (i = 0; i <= LADDER_RUNGS; i++) {
 		const char *q = i < LADDER_RUNGS ? ladder_rungs[i].queue : LADDER_DUE;
 
-		args = i < LADDER_RUNGS ? ladder_rung_args(&ladder_rungs[i], ent) : amqp_empty_table;
-		amqp_queue_declare(e->conn, ENGINE_CH_RPC, amqp_cstring_bytes(q), 0, 1, 0, 0, args);
+		args = i < LADDER_RUNGS ? ladder_rung_args(&ladder_rungs[i], ent)
+					: amqp_empty_table;
+		amqp_queue_declare(e->conn, ENGINE_CH_RPC, amqp_cstring_bytes(q), 0, 1, 0, 0,
+				   args);
 		if (engine_reply_ok(e, "declaring the ladder's queues") != 0)
 			return -1;
 		amqp_queue_bind(e->conn, ENGINE_CH_RPC, amqp_cstring_bytes(q),
@@ -606,8 +613,8 @@ static int engine_exchange_ok(struct engine *e, amqp_bytes_t name)
 		return 1; /* the default exchange */
 	if ((c = engine_cached(e, name, now)) != NULL)
 		return !c->suspect;
-	amqp_exchange_declare(e->conn, ENGINE_CH_RPC, name, amqp_cstring_bytes("direct"), 1, 0, 0,
-			      0, amqp_empty_table);
+	amqp_exchange_declare(e->conn, ENGINE_CH_RPC, name, amqp_cstring_bytes("direct"), 1, 0,
+			      0, 0, amqp_empty_table);
 	r = amqp_get_rpc_reply(e->conn);
 	if (r.reply_type == AMQP_RESPONSE_NORMAL) {
 		engine_cache(e, name, 0, now + ENGINE_EXISTS_MS);
@@ -617,8 +624,8 @@ static int engine_exchange_ok(struct engine *e, amqp_bytes_t name)
 	    r.reply.id == AMQP_CHANNEL_CLOSE_METHOD) {
 		amqp_channel_close_ok_t ok = {0};
 
-		if (amqp_send_method(e->conn, ENGINE_CH_RPC, AMQP_CHANNEL_CLOSE_OK_METHOD, &ok) !=
-			AMQP_STATUS_OK ||
+		if (amqp_send_method(e->conn, ENGINE_CH_RPC, AMQP_CHANNEL_CLOSE_OK_METHOD,
+				     &ok) != AMQP_STATUS_OK ||
 		    engine_open_channel(e, ENGINE_CH_RPC) != 0)
 			return -1;
 		return 0;
@@ -681,11 +688,14 @@ static int engine_finish(struct engine *e, struct engine_pending *p)
 	int rc = 0;
 
 	if (p->req) {
-		enum engine_rc how = !p->ok ? ENGINE_NACKED : p->returned ? ENGINE_RETURNED : ENGINE_OK;
+		enum engine_rc how = !p->ok        ? ENGINE_NACKED
+				     : p->returned ? ENGINE_RETURNED
+						   : ENGINE_OK;
 
 		if (p->req->op == ENGINE_PUBLISH)
-			engine_add(e, how == ENGINE_OK ? ENGINE_STAT_put_back
-						       : ENGINE_STAT_put_back_failed,
+			engine_add(e,
+				   how == ENGINE_OK ? ENGINE_STAT_put_back
+						    : ENGINE_STAT_put_back_failed,
 				   1);
 		engine_complete(p->req, how);
 	} else if (p->input) {
@@ -794,7 +804,9 @@ static int engine_schedule(struct engine *e, uint64_t tag, amqp_message_t *msg)
 				    " without the scheduling headers was dropped",
 				    e->vhost);
 		e->malformed_logged = 1;
-		return amqp_basic_ack(e->conn, ENGINE_CH_CONSUME, tag, 0) == AMQP_STATUS_OK ? 0 : -1;
+		return amqp_basic_ack(e->conn, ENGINE_CH_CONSUME, tag, 0) == AMQP_STATUS_OK
+			   ? 0
+			   : -1;
 	case LADDER_HOP:
 		p = engine_publish(e, PEND_HOP, amqp_cstring_bytes(LADDER_EXCHANGE),
 				   amqp_cstring_bytes(plan.rung->queue), &msg->properties,
@@ -808,14 +820,17 @@ static int engine_schedule(struct engine *e, uint64_t tag, amqp_message_t *msg)
 			if (now - e->forbidden_logged_at >= 60000) {
 				/* One line a minute at most. */
 				e->forbidden_logged_at = now;
-				log_warning("engine: vhost %s: a scheduled message for exchange "
-					    "'%.*s' routing key '%.*s' was dropped: no schedule rule "
-					    "allows it",
-					    e->vhost, (int)plan.exchange.len,
-					    (const char *)plan.exchange.bytes, (int)plan.routing_key.len,
-					    (const char *)plan.routing_key.bytes);
+				log_warning(
+				    "engine: vhost %s: a scheduled message for exchange "
+				    "'%.*s' routing key '%.*s' was dropped: no schedule rule "
+				    "allows it",
+				    e->vhost, (int)plan.exchange.len,
+				    (const char *)plan.exchange.bytes,
+				    (int)plan.routing_key.len,
+				    (const char *)plan.routing_key.bytes);
 			}
-			return amqp_basic_ack(e->conn, ENGINE_CH_CONSUME, tag, 0) == AMQP_STATUS_OK
+			return amqp_basic_ack(e->conn, ENGINE_CH_CONSUME, tag, 0) ==
+				       AMQP_STATUS_OK
 				   ? 0
 				   : -1;
 		}
@@ -837,7 +852,8 @@ static int engine_schedule(struct engine *e, uint64_t tag, amqp_message_t *msg)
 			    engine_bytes(&msg->pool, &rk, plan.routing_key) != 0 ||
 			    ladder_final(&msg->properties, &msg->pool) != 0)
 				return -1;
-			p = engine_publish(e, PEND_DELIVER, ex, rk, &msg->properties, msg->body);
+			p = engine_publish(e, PEND_DELIVER, ex, rk, &msg->properties,
+					   msg->body);
 		}
 		break;
 	}
@@ -894,7 +910,8 @@ static int engine_dispatch(struct engine *e, amqp_frame_t *f)
 		return 0;
 	switch (f->payload.method.id) {
 	case AMQP_BASIC_DELIVER_METHOD: {
-		uint64_t tag = ((amqp_basic_deliver_t *)f->payload.method.decoded)->delivery_tag;
+		uint64_t tag =
+		    ((amqp_basic_deliver_t *)f->payload.method.decoded)->delivery_tag;
 
 		r = amqp_read_message(e->conn, f->channel, &msg, 0);
 		if (r.reply_type != AMQP_RESPONSE_NORMAL)
@@ -940,8 +957,8 @@ static int engine_dispatch(struct engine *e, amqp_frame_t *f)
 	case AMQP_CHANNEL_CLOSE_METHOD: {
 		amqp_channel_close_t *c = f->payload.method.decoded;
 
-		log_warning("engine: vhost %s: channel %u closed by the broker: %u %.*s", e->vhost,
-			    f->channel, c->reply_code, (int)c->reply_text.len,
+		log_warning("engine: vhost %s: channel %u closed by the broker: %u %.*s",
+			    e->vhost, f->channel, c->reply_code, (int)c->reply_text.len,
 			    (const char *)c->reply_text.bytes);
 		if (f->channel == ENGINE_CH_PUBLISH)
 			engine_suspect_pending(e);
@@ -950,8 +967,9 @@ static int engine_dispatch(struct engine *e, amqp_frame_t *f)
 	case AMQP_CONNECTION_CLOSE_METHOD: {
 		amqp_connection_close_t *c = f->payload.method.decoded;
 
-		log_warning("engine: vhost %s: connection closed by the broker: %u %.*s", e->vhost,
-			    c->reply_code, (int)c->reply_text.len, (const char *)c->reply_text.bytes);
+		log_warning("engine: vhost %s: connection closed by the broker: %u %.*s",
+			    e->vhost, c->reply_code, (int)c->reply_text.len,
+			    (const char *)c->reply_text.bytes);
 		return -1;
 	}
 	default:
@@ -1113,18 +1131,20 @@ void engine_stats_json(struct evbuffer *out)
 		evbuffer_add_printf(out, "\": {\"connected\": %d, \"ladder_ready\": %d",
 				    __atomic_load_n(&e->connected, __ATOMIC_RELAXED),
 				    engine_ladder_ready(e));
-#define ENGINE_JSON(name, metric, labels, help) \
-	evbuffer_add_printf(out, ", \"%s\": %llu", #name, (unsigned long long)engine_load(&e->stats.name));
+#define ENGINE_JSON(name, metric, labels, help)           \
+	evbuffer_add_printf(out, ", \"%s\": %llu", #name, \
+			    (unsigned long long)engine_load(&e->stats.name));
 		ENGINE_COUNTERS(ENGINE_JSON)
 #undef ENGINE_JSON
 		evbuffer_add_printf(out, ", \"lateness_ms\": {");
 		for (i = 0; i <= ENGINE_LATE_BUCKETS; i++) {
 			if (i < ENGINE_LATE_BUCKETS)
-				evbuffer_add_printf(out, "\"le_%lld\": ",
-						    (long long)engine_late_bounds[i]);
+				evbuffer_add_printf(
+				    out, "\"le_%lld\": ", (long long)engine_late_bounds[i]);
 			else
 				evbuffer_add_printf(out, "\"more\": ");
-			evbuffer_add_printf(out, "%llu%s", (unsigned long long)engine_load(&e->late[i]),
+			evbuffer_add_printf(out, "%llu%s",
+					    (unsigned long long)engine_load(&e->late[i]),
 					    i < ENGINE_LATE_BUCKETS ? ", " : "");
 		}
 		evbuffer_add_printf(out, "}}");
@@ -1164,7 +1184,8 @@ void engine_metrics(struct evbuffer *out)
 	for (e = engine_list; e; e = e->next) {
 		for (cum = 0, i = 0; i <= ENGINE_LATE_BUCKETS; i++) {
 			cum += engine_load(&e->late[i]);
-			evbuffer_add_printf(out, "acemq_proxy_schedule_lateness_seconds_bucket{vhost=\"");
+			evbuffer_add_printf(
+			    out, "acemq_proxy_schedule_lateness_seconds_bucket{vhost=\"");
 			engine_label(out, e->vhost);
 			if (i < ENGINE_LATE_BUCKETS)
 				evbuffer_add_printf(out, "\",le=\"%g\"} %llu\n",
@@ -1176,10 +1197,13 @@ void engine_metrics(struct evbuffer *out)
 		}
 		evbuffer_add_printf(out, "acemq_proxy_schedule_lateness_seconds_sum{vhost=\"");
 		engine_label(out, e->vhost);
-		evbuffer_add_printf(out, "\"} %g\n", (double)engine_load(&e->late_sum_ms) / 1000);
-		evbuffer_add_printf(out, "acemq_proxy_schedule_lateness_seconds_count{vhost=\"");
+		evbuffer_add_printf(out, "\"} %g\n",
+				    (double)engine_load(&e->late_sum_ms) / 1000);
+		evbuffer_add_printf(out,
+				    "acemq_proxy_schedule_lateness_seconds_count{vhost=\"");
 		engine_label(out, e->vhost);
-		evbuffer_add_printf(out, "\"} %llu\n", (unsigned long long)engine_load(&e->late_count));
+		evbuffer_add_printf(out, "\"} %llu\n",
+				    (unsigned long long)engine_load(&e->late_count));
 	}
 out:
 	pthread_mutex_unlock(&engine_list_lock);

@@ -16,29 +16,29 @@ struct rules;
 struct engine;
 
 /* Per-vhost counters: X(field, Prometheus metric, labels, help). */
-#define ENGINE_COUNTERS(X)                                                                    \
-	X(scheduled, "acemq_proxy_schedule_total", "event=\"scheduled\"",                     \
-	  "scheduled messages, by event")                                                     \
-	X(sched_now, "acemq_proxy_schedule_total", "event=\"immediate\"",                     \
-	  "scheduled messages, by event")                                                     \
-	X(sched_bad, "acemq_proxy_schedule_total", "event=\"bad_delay\"",                     \
-	  "scheduled messages, by event")                                                     \
-	X(delivered, "acemq_proxy_schedule_total", "event=\"delivered\"",                     \
-	  "scheduled messages, by event")                                                     \
+#define ENGINE_COUNTERS(X)                                                                     \
+	X(scheduled, "acemq_proxy_schedule_total", "event=\"scheduled\"",                      \
+	  "scheduled messages, by event")                                                      \
+	X(sched_now, "acemq_proxy_schedule_total", "event=\"immediate\"",                      \
+	  "scheduled messages, by event")                                                      \
+	X(sched_bad, "acemq_proxy_schedule_total", "event=\"bad_delay\"",                      \
+	  "scheduled messages, by event")                                                      \
+	X(delivered, "acemq_proxy_schedule_total", "event=\"delivered\"",                      \
+	  "scheduled messages, by event")                                                      \
 	X(hops, "acemq_proxy_schedule_total", "event=\"hop\"", "scheduled messages, by event") \
-	X(malformed, "acemq_proxy_schedule_total", "event=\"malformed\"",                     \
-	  "scheduled messages, by event")                                                     \
-	X(forbidden, "acemq_proxy_schedule_total", "event=\"forbidden\"",                     \
-	  "scheduled messages, by event")                                                     \
-	X(unroutable, "acemq_proxy_schedule_total", "event=\"unroutable\"",                   \
-	  "scheduled messages, by event")                                                     \
-	X(put_back, "acemq_proxy_engine_publishes_total", "purpose=\"put_back\"",             \
-	  "publishes of the proxy's own, by purpose")                                         \
-	X(put_back_failed, "acemq_proxy_engine_publishes_failed_total", "purpose=\"put_back\"", \
-	  "publishes of the proxy's own that failed, by purpose")                             \
-	X(connects, "acemq_proxy_engine_connects_total", "",                                  \
-	  "connections of the proxy's own opened")                                            \
-	X(failures, "acemq_proxy_engine_failures_total", "",                                  \
+	X(malformed, "acemq_proxy_schedule_total", "event=\"malformed\"",                      \
+	  "scheduled messages, by event")                                                      \
+	X(forbidden, "acemq_proxy_schedule_total", "event=\"forbidden\"",                      \
+	  "scheduled messages, by event")                                                      \
+	X(unroutable, "acemq_proxy_schedule_total", "event=\"unroutable\"",                    \
+	  "scheduled messages, by event")                                                      \
+	X(put_back, "acemq_proxy_engine_publishes_total", "purpose=\"put_back\"",              \
+	  "publishes of the proxy's own, by purpose")                                          \
+	X(put_back_failed, "acemq_proxy_engine_publishes_failed_total",                        \
+	  "purpose=\"put_back\"", "publishes of the proxy's own that failed, by purpose")      \
+	X(connects, "acemq_proxy_engine_connects_total", "",                                   \
+	  "connections of the proxy's own opened")                                             \
+	X(failures, "acemq_proxy_engine_failures_total", "",                                   \
 	  "connections of the proxy's own that failed or were lost")
 
 struct engine_stats {

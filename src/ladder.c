@@ -248,7 +248,8 @@ static void ladder_forget_deaths(amqp_table_t *t)
 			amqp_field_value_t *e = &a->entries[j];
 
 			if (e->kind == AMQP_FIELD_KIND_TABLE &&
-			    table_get_string(&e->value.table, "queue", &q) == 0 && ladder_is_own(q))
+			    table_get_string(&e->value.table, "queue", &q) == 0 &&
+			    ladder_is_own(q))
 				continue;
 			a->entries[k++] = *e;
 		}

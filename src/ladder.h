@@ -8,13 +8,13 @@
 #include <amqp_framing.h>
 #include <stdint.h>
 
-#define LADDER_EXCHANGE    "acemq.schedule"
-#define LADDER_DUE         "acemq.schedule.due"
-#define LADDER_H_EXCHANGE  "x-schedule-exchange"
-#define LADDER_H_ROUTING   "x-schedule-routing-key"
-#define LADDER_H_DUE_AT    "x-schedule-due-at"
-#define LADDER_H_CONTENT   "x-schedule-content-type"
-#define LADDER_RUNGS       5
+#define LADDER_EXCHANGE   "acemq.schedule"
+#define LADDER_DUE        "acemq.schedule.due"
+#define LADDER_H_EXCHANGE "x-schedule-exchange"
+#define LADDER_H_ROUTING  "x-schedule-routing-key"
+#define LADDER_H_DUE_AT   "x-schedule-due-at"
+#define LADDER_H_CONTENT  "x-schedule-content-type"
+#define LADDER_RUNGS      5
 
 struct ladder_rung {
 	const char *queue;
@@ -30,10 +30,10 @@ const struct ladder_rung *ladder_rung_for(int64_t remaining_ms);
 const struct ladder_rung *ladder_smallest(void);
 
 enum ladder_delay {
-	LADDER_DELAY_NONE,  /* no such header */
-	LADDER_DELAY_OK,    /* a positive delay in *ms */
-	LADDER_DELAY_NOW,   /* zero or negative: deliver at once */
-	LADDER_DELAY_BAD,   /* a value that is not a number of milliseconds */
+	LADDER_DELAY_NONE, /* no such header */
+	LADDER_DELAY_OK,   /* a positive delay in *ms */
+	LADDER_DELAY_NOW,  /* zero or negative: deliver at once */
+	LADDER_DELAY_BAD,  /* a value that is not a number of milliseconds */
 };
 
 /* Read the delay header name of t: any integer kind, a decimal string, or

@@ -583,7 +583,8 @@ int pipeline_body_copy(const struct pipe_msg *m, amqp_bytes_t *out)
 
 	out->len = 0;
 	out->bytes = NULL;
-	if (m->body_size > (uint64_t)SIZE_MAX - 1 || (out->bytes = malloc(m->body_size + 1)) == NULL)
+	if (m->body_size > (uint64_t)SIZE_MAX - 1 ||
+	    (out->bytes = malloc(m->body_size + 1)) == NULL)
 		return -1;
 	if (m->body && !m->body_dirty && evbuffer_get_length(m->body) == m->body_size) {
 		evbuffer_copyout(m->body, out->bytes, m->body_size);
@@ -594,16 +595,17 @@ int pipeline_body_copy(const struct pipe_msg *m, amqp_bytes_t *out)
 		uint32_t size;
 
 		if (evbuffer_ptr_set(m->raw, &pos, off, EVBUFFER_PTR_SET) != 0 ||
-		    evbuffer_copyout_from(m->raw, &pos, head, sizeof(head)) != (ev_ssize_t)sizeof(head))
+		    evbuffer_copyout_from(m->raw, &pos, head, sizeof(head)) !=
+			(ev_ssize_t)sizeof(head))
 			break;
-		size = (uint32_t)head[3] << 24 | (uint32_t)head[4] << 16 | (uint32_t)head[5] << 8 |
-		       head[6];
+		size = (uint32_t)head[3] << 24 | (uint32_t)head[4] << 16 |
+		       (uint32_t)head[5] << 8 | head[6];
 		if (size > m->body_size - have || off + FRAME_OVERHEAD + size > total)
 			break;
 		if (size && (evbuffer_ptr_set(m->raw, &pos, off + FRAME_HEADER_SIZE,
 					      EVBUFFER_PTR_SET) != 0 ||
-			     evbuffer_copyout_from(m->raw, &pos, (uint8_t *)out->bytes + have, size) !=
-				 (ev_ssize_t)size))
+			     evbuffer_copyout_from(m->raw, &pos, (uint8_t *)out->bytes + have,
+						   size) != (ev_ssize_t)size))
 			break;
 		have += size;
 		off += FRAME_OVERHEAD + size;

@@ -515,9 +515,8 @@ int rules_matches(const struct rules_matchlist *m, const char *exchange, size_t 
 	for (i = 0; i < m->n; i++) {
 		const struct rules_match *x = &m->v[i];
 
-		if (x->exchange &&
-		    (strlen(x->exchange) != elen ||
-		     (elen && memcmp(x->exchange, exchange, elen) != 0)))
+		if (x->exchange && (strlen(x->exchange) != elen ||
+				    (elen && memcmp(x->exchange, exchange, elen) != 0)))
 			continue;
 		if (x->rk && !topic_match(x->rk, rk, rklen))
 			continue;

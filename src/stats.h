@@ -69,7 +69,7 @@
 	  "deliveries by the idempotency answer")                                         \
 	X(idem_in_progress, "acemq_proxy_idempotency_total", "answer=\"in_progress\"",    \
 	  "deliveries by the idempotency answer")                                         \
-	X(idem_put_back, "acemq_proxy_idempotency_put_back_total", "how=\"republished\"",     \
+	X(idem_put_back, "acemq_proxy_idempotency_put_back_total", "how=\"republished\"", \
 	  "in-progress deliveries put back, by how")                                      \
 	X(idem_put_back_requeued, "acemq_proxy_idempotency_put_back_total",               \
 	  "how=\"requeued\"", "in-progress deliveries put back, by how")                  \

@@ -75,10 +75,10 @@ void vstats_json(struct evbuffer *out)
 		evbuffer_add_printf(out, "\", \"queue\": \"");
 		vstats_escaped(out, v->queue, 1);
 		evbuffer_add_printf(out, "\"");
-#define VSTATS_JSON(name, metric, labels, help)                      \
-	evbuffer_add_printf(out, ", \"%s\": %llu", #name,                \
-			    (unsigned long long)__atomic_load_n(     \
-				&v->v[VSTATS_##name], __ATOMIC_RELAXED));
+#define VSTATS_JSON(name, metric, labels, help) \
+	evbuffer_add_printf(                    \
+	    out, ", \"%s\": %llu", #name,       \
+	    (unsigned long long)__atomic_load_n(&v->v[VSTATS_##name], __ATOMIC_RELAXED));
 		VSTATS_COUNTERS(VSTATS_JSON)
 #undef VSTATS_JSON
 		evbuffer_add_printf(out, "}");
@@ -96,20 +96,20 @@ void vstats_metrics(struct evbuffer *out)
 	pthread_mutex_lock(&vstats_lock);
 	if (vstats_list == NULL)
 		goto out;
-#define VSTATS_METRIC(name, metric, labels, help)                                           \
-	if (strcmp(family, metric) != 0) {                                                  \
-		family = metric;                                                            \
-		evbuffer_add_printf(out, "# HELP %s %s\n# TYPE %s counter\n", metric, help, \
-				    metric);                                                \
-	}                                                                                   \
-	for (v = vstats_list; v; v = v->next) {                                             \
-		evbuffer_add_printf(out, "%s{vhost=\"", metric);                            \
-		vstats_escaped(out, v->vhost, 0);                                           \
-		evbuffer_add_printf(out, "\",queue=\"");                                    \
-		vstats_escaped(out, v->queue, 0);                                           \
-		evbuffer_add_printf(out, "\"%s%s} %llu\n", labels[0] ? "," : "", labels,    \
+#define VSTATS_METRIC(name, metric, labels, help)                                             \
+	if (strcmp(family, metric) != 0) {                                                    \
+		family = metric;                                                              \
+		evbuffer_add_printf(out, "# HELP %s %s\n# TYPE %s counter\n", metric, help,   \
+				    metric);                                                  \
+	}                                                                                     \
+	for (v = vstats_list; v; v = v->next) {                                               \
+		evbuffer_add_printf(out, "%s{vhost=\"", metric);                              \
+		vstats_escaped(out, v->vhost, 0);                                             \
+		evbuffer_add_printf(out, "\",queue=\"");                                      \
+		vstats_escaped(out, v->queue, 0);                                             \
+		evbuffer_add_printf(out, "\"%s%s} %llu\n", labels[0] ? "," : "", labels,      \
 				    (unsigned long long)__atomic_load_n(&v->v[VSTATS_##name], \
-									__ATOMIC_RELAXED)); \
+									__ATOMIC_RELAXED));   \
 	}
 	VSTATS_COUNTERS(VSTATS_METRIC)
 #undef VSTATS_METRIC

@@ -8,21 +8,22 @@
 
 struct evbuffer;
 
-#define VSTATS_COUNTERS(X)                                                                   \
-	X(claimed, "acemq_proxy_idempotency_queue_total", "answer=\"claimed\"",              \
-	  "deliveries by the idempotency answer, per vhost and queue")                       \
-	X(duplicate, "acemq_proxy_idempotency_queue_total", "answer=\"duplicate\"",          \
-	  "deliveries by the idempotency answer, per vhost and queue")                       \
-	X(in_progress, "acemq_proxy_idempotency_queue_total", "answer=\"in_progress\"",      \
-	  "deliveries by the idempotency answer, per vhost and queue")                       \
-	X(no_key, "acemq_proxy_idempotency_queue_total", "answer=\"no_key\"",                \
-	  "deliveries by the idempotency answer, per vhost and queue")                       \
-	X(put_back, "acemq_proxy_idempotency_queue_put_back_total", "how=\"republished\"",   \
-	  "in-progress deliveries put back, per vhost and queue, by how")                    \
-	X(requeued, "acemq_proxy_idempotency_queue_put_back_total", "how=\"requeued\"",      \
-	  "in-progress deliveries put back, per vhost and queue, by how")                    \
-	X(leases_expired, "acemq_proxy_idempotency_queue_leases_expired_total", "",          \
-	  "claims taken over because the previous holder's lease ran out, per vhost and queue")
+#define VSTATS_COUNTERS(X)                                                                 \
+	X(claimed, "acemq_proxy_idempotency_queue_total", "answer=\"claimed\"",            \
+	  "deliveries by the idempotency answer, per vhost and queue")                     \
+	X(duplicate, "acemq_proxy_idempotency_queue_total", "answer=\"duplicate\"",        \
+	  "deliveries by the idempotency answer, per vhost and queue")                     \
+	X(in_progress, "acemq_proxy_idempotency_queue_total", "answer=\"in_progress\"",    \
+	  "deliveries by the idempotency answer, per vhost and queue")                     \
+	X(no_key, "acemq_proxy_idempotency_queue_total", "answer=\"no_key\"",              \
+	  "deliveries by the idempotency answer, per vhost and queue")                     \
+	X(put_back, "acemq_proxy_idempotency_queue_put_back_total", "how=\"republished\"", \
+	  "in-progress deliveries put back, per vhost and queue, by how")                  \
+	X(requeued, "acemq_proxy_idempotency_queue_put_back_total", "how=\"requeued\"",    \
+	  "in-progress deliveries put back, per vhost and queue, by how")                  \
+	X(leases_expired, "acemq_proxy_idempotency_queue_leases_expired_total", "",        \
+	  "claims taken over because the previous holder's lease ran out, per vhost and "  \
+	  "queue")
 
 enum vstats_counter {
 #define VSTATS_ENUM(name, metric, labels, help) VSTATS_##name,

@@ -54,9 +54,9 @@ struct idempotency_entry {
 	struct engine_req *put;    /* a held one's put-back, out */
 	struct vstats *vs;         /* its vhost and queue's counters */
 	int put_rc;
-	unsigned settling : 1;     /* its confirm or forget is out or done */
-	unsigned settled : 1;      /* ... and done */
-	unsigned counted : 1;      /* the settle gate waits for it */
+	unsigned settling : 1; /* its confirm or forget is out or done */
+	unsigned settled : 1;  /* ... and done */
+	unsigned counted : 1;  /* the settle gate waits for it */
 	char *queue;
 	char *key;
 	size_t klen;

@@ -3,8 +3,8 @@
 
 #include "../../amqp/table.h"
 #include "../engine.h"
-#include "../log.h"
 #include "../ladder.h"
+#include "../log.h"
 #include "../pipeline.h"
 #include "../rules.h"
 #include "../session.h"
@@ -76,8 +76,8 @@ static void schedule_detach(void *state)
 	free(st);
 }
 
-static int schedule_wants(void *state, struct session *s, struct channel *ch, enum pipe_kind kind,
-			  amqp_method_number_t id, void *method)
+static int schedule_wants(void *state, struct session *s, struct channel *ch,
+			  enum pipe_kind kind, amqp_method_number_t id, void *method)
 {
 	const struct rules_schedule *rule = schedule_rule(s);
 	amqp_basic_publish_t *p = method;
@@ -128,8 +128,9 @@ static void schedule_refused_in(struct session *s, void *arg)
 
 	schedule_unlink(w->st, w);
 	free(w);
-	session_log(s, LOG_WARNING, "a scheduled publish was refused: the schedule ladder "
-				    "could not be declared");
+	session_log(s, LOG_WARNING,
+		    "a scheduled publish was refused: the schedule ladder "
+		    "could not be declared");
 	if (ch)
 		pipeline_resume(s, ch, m, PIPE_REFUSE);
 	else
@@ -149,7 +150,8 @@ static void schedule_ladder_done(struct worker_call *c)
 		return;
 	}
 	/* Not run when the session is closing: detach then frees w. */
-	session_complete(w->st->s, rc == ENGINE_OK ? schedule_ladder_in : schedule_refused_in, w);
+	session_complete(w->st->s, rc == ENGINE_OK ? schedule_ladder_in : schedule_refused_in,
+			 w);
 }
 
 static enum pipe_verdict schedule_message(void *state, struct session *s, struct channel *ch,

@@ -187,15 +187,16 @@ static void fuzz_init(void)
 			abort();
 		fputs("the payload of a claim check", f);
 		fclose(f);
-		snprintf(json, sizeof(json),
-			 "{\"vhost\": \"/\", \"reply_to\": {\"enabled\": true}, "
-			 "\"claim_check\": {\"match\": [{\"exchange\": \"*\"}], \"threshold\": "
-			 "1000, \"on_missing\": \"dead-letter\", "
-			 "\"store\": {\"type\": \"filesystem\", \"path\": \"%s\"}}, "
-			 "\"schedule\": {\"match\": [{\"exchange\": \"\"}], \"engine\": false}, "
-			 "\"idempotency\": [{\"queue\": \"q\", \"key\": \"message-id\", "
-			 "\"lease_s\": 30, \"retention_s\": 60, \"in_progress_delay_s\": 0}]}",
-			 fuzz_claims);
+		snprintf(
+		    json, sizeof(json),
+		    "{\"vhost\": \"/\", \"reply_to\": {\"enabled\": true}, "
+		    "\"claim_check\": {\"match\": [{\"exchange\": \"*\"}], \"threshold\": "
+		    "1000, \"on_missing\": \"dead-letter\", "
+		    "\"store\": {\"type\": \"filesystem\", \"path\": \"%s\"}}, "
+		    "\"schedule\": {\"match\": [{\"exchange\": \"\"}], \"engine\": false}, "
+		    "\"idempotency\": [{\"queue\": \"q\", \"key\": \"message-id\", "
+		    "\"lease_s\": 30, \"retention_s\": 60, \"in_progress_delay_s\": 0}]}",
+		    fuzz_claims);
 		fz.rules[0] = fuzz_rules(json);
 		/* Idempotency keys in a state layer of their own (its writer is
 		 * a thread: completions arrive on the loop when they do). */

@@ -208,9 +208,8 @@ START_TEST(test_malformed_and_no_content_type)
 	ck_assert_int_eq(plan.action, LADDER_MALFORMED);
 
 	/* A publish without a content type: none at the end either. */
-	ck_assert_int_eq(ladder_readd(&p, &pool, amqp_cstring_bytes(""),
-				      amqp_cstring_bytes("q"), 5),
-			 0);
+	ck_assert_int_eq(
+	    ladder_readd(&p, &pool, amqp_cstring_bytes(""), amqp_cstring_bytes("q"), 5), 0);
 	str_is(&p.headers, LADDER_H_CONTENT, "");
 	ladder_plan(&p, 5, &plan);
 	ck_assert_int_eq(plan.action, LADDER_DELIVER);
@@ -220,12 +219,10 @@ START_TEST(test_malformed_and_no_content_type)
 	ck_assert_int_eq(p.headers.num_entries, 0);
 
 	/* due-at of the wrong kind, or a missing target: malformed. */
-	ck_assert_int_eq(ladder_readd(&p, &pool, amqp_cstring_bytes("x"),
-				      amqp_cstring_bytes("q"), 5),
-			 0);
-	ck_assert_int_eq(table_set_string(&p.headers, &pool, LADDER_H_DUE_AT,
-					  amqp_cstring_bytes("5")),
-			 0);
+	ck_assert_int_eq(
+	    ladder_readd(&p, &pool, amqp_cstring_bytes("x"), amqp_cstring_bytes("q"), 5), 0);
+	ck_assert_int_eq(
+	    table_set_string(&p.headers, &pool, LADDER_H_DUE_AT, amqp_cstring_bytes("5")), 0);
 	ladder_plan(&p, 5, &plan);
 	ck_assert_int_eq(plan.action, LADDER_MALFORMED);
 	ck_assert_int_eq(table_remove(&p.headers, LADDER_H_DUE_AT), 1);
@@ -245,9 +242,8 @@ START_TEST(test_final_forgets_ladder_deaths)
 
 	init_amqp_pool(&pool, 4096);
 	memset(&p, 0, sizeof(p));
-	ck_assert_int_eq(ladder_readd(&p, &pool, amqp_cstring_bytes("x"),
-				      amqp_cstring_bytes("q"), 5),
-			 0);
+	ck_assert_int_eq(
+	    ladder_readd(&p, &pool, amqp_cstring_bytes("x"), amqp_cstring_bytes("q"), 5), 0);
 	d1[0].key = amqp_cstring_bytes("queue");
 	d1[0].value.kind = AMQP_FIELD_KIND_UTF8;
 	d1[0].value.value.bytes = amqp_cstring_bytes("acemq.schedule.1s");
@@ -262,8 +258,8 @@ START_TEST(test_final_forgets_ladder_deaths)
 	deaths[1].value.table.entries = d2;
 	{
 		amqp_field_value_t a = {.kind = AMQP_FIELD_KIND_ARRAY};
-		amqp_table_entry_t *n = amqp_pool_alloc(
-		    &pool, (size_t)(p.headers.num_entries + 3) * sizeof(*n));
+		amqp_table_entry_t *n =
+		    amqp_pool_alloc(&pool, (size_t)(p.headers.num_entries + 3) * sizeof(*n));
 
 		a.value.array.num_entries = 2;
 		a.value.array.entries = deaths;
