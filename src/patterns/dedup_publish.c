@@ -5,9 +5,14 @@
  * it is forwarded on a channel without confirms); a nack, a basic.return,
  * a publish that is not forwarded after all or an outcome the proxy never
  * learns gives the reservation up, so a retry goes through. A publish of a
- * value in flight waits for that one's outcome. */
+ * value in flight waits for that one's outcome. While a publish waits for
+ * its check, the checks of the publishes behind it go out with it
+ * (look-ahead): they share one commit. */
 #include "dedup_publish.h"
 
+#include "../../amqp/content.h"
+#include "../../amqp/frame_scan.h"
+#include "../../amqp/method.h"
 #include "../channel.h"
 #include "../log.h"
 #include "../pipeline.h"
@@ -56,6 +61,11 @@ struct dedup_publish_entry {
 	unsigned returned : 1;  /* ... and did: not remembered */
 	unsigned gone : 1;      /* its channel closed while it waited */
 	unsigned waited : 1;    /* counted as waiting once */
+	unsigned ahead : 1;     /* checked ahead: its publish is not read yet */
+	unsigned answered : 1;  /* the check's answer is in rc and answer */
+	unsigned reserved : 1;  /* the value is reserved for it in the store */
+	int rc;
+	enum idem_answer answer;
 	size_t elen, vlen;
 	char exchange[256];
 	char *value;
@@ -79,7 +89,8 @@ struct dedup_publish {
 	struct dedup_publish_list checks;     /* not forwarded yet (a few) */
 	struct dedup_publish_list confirming; /* forwarded, awaiting the broker */
 	struct dedup_publish_entry *buckets[DEDUP_PUBLISH_BUCKETS];
-	int nmandatory; /* confirming mandatory ones a basic.return may be for */
+	int nmandatory;   /* confirming mandatory ones a basic.return may be for */
+	amqp_pool_t pool; /* look-ahead decoding */
 };
 
 static uint64_t dedup_publish_instance;
@@ -315,41 +326,30 @@ static void dedup_publish_kick(struct dedup_publish *st, const struct dedup_publ
 
 static void dedup_publish_again(evutil_socket_t fd, short what, void *arg);
 
-/* What happens to a waiting publish once its check is answered. */
-static void dedup_publish_decide(struct dedup_publish_entry *e, struct session *s, int rc,
-				 enum idem_answer answer)
+/* What a publish whose check is answered becomes, with e->m its message:
+ * passed on (reserved), answered (a duplicate), or waiting (the value is
+ * in flight elsewhere: asked again soon). e is freed unless it stays with
+ * the publish; the caller keeps m in hand. */
+static enum pipe_verdict dedup_publish_answer(struct dedup_publish_entry *e, struct session *s,
+					      struct channel *ch)
 {
-	struct channel *ch = dedup_publish_channel(s, e->channel);
-	struct pipe_msg *m = e->m;
 	struct timeval tv;
 
-	if (e->gone || ch == NULL || ch->proxy_closing) {
-		/* Its channel went: the publish goes with it, and a
-		 * reservation made for it is given up. */
-		if (rc == STATE_OK && answer == IDEM_CLAIMED)
-			dedup_publish_let_go(e, IDEM_FORGET);
-		e->m = NULL;
-		dedup_publish_free(e);
-		pipeline_drop(s, m);
-		return;
-	}
-	if (rc != STATE_OK) {
+	if (e->rc != STATE_OK) {
 		/* The store could not say: forwarded (never lost; it may be a
 		 * duplicate), and not remembered. Counted by the completion. */
 		e->m = NULL;
 		dedup_publish_free(e);
-		pipeline_resume(s, ch, m, PIPE_PASS);
-		return;
+		return PIPE_PASS;
 	}
-	switch (answer) {
+	switch (e->answer) {
 	case IDEM_DUPLICATE:
 		s->w->stats.dedup_duplicate++;
 		session_log(s, LOG_DEBUG, "dedup_publish: a duplicate on channel %u answered",
 			    ch->id);
 		e->m = NULL;
 		dedup_publish_free(e);
-		pipeline_resume(s, ch, m, PIPE_ANSWER);
-		return;
+		return PIPE_ANSWER;
 	case IDEM_IN_PROGRESS:
 		/* The same value is in flight: asked again until its outcome is
 		 * known (or its lease runs out). */
@@ -366,20 +366,40 @@ static void dedup_publish_decide(struct dedup_publish_entry *e, struct session *
 			s->w->stats.dedup_store_errors++;
 			e->m = NULL;
 			dedup_publish_free(e);
-			pipeline_resume(s, ch, m, PIPE_PASS);
-			return;
+			return PIPE_PASS;
 		}
 		e->poll_ms = e->poll_ms * 2 > DEDUP_PUBLISH_POLL_MAX_MS
 				 ? DEDUP_PUBLISH_POLL_MAX_MS
 				 : e->poll_ms * 2;
-		return;
+		return PIPE_WAIT;
 	default:
 		/* Reserved: passed on (other hooks may still have their say). */
 		s->w->stats.dedup_first++;
 		e->phase = PHASE_PASSED;
-		pipeline_resume(s, ch, m, PIPE_PASS);
+		return PIPE_PASS;
+	}
+}
+
+/* A publish that waited (PIPE_WAIT) has its answer: finish it. */
+static void dedup_publish_resume(struct dedup_publish_entry *e, struct session *s)
+{
+	struct channel *ch = dedup_publish_channel(s, e->channel);
+	struct pipe_msg *m = e->m;
+	enum pipe_verdict v;
+
+	if (e->gone || ch == NULL || ch->proxy_closing) {
+		/* Its channel went: the publish goes with it, and a
+		 * reservation made for it is given up. */
+		if (e->reserved)
+			dedup_publish_let_go(e, IDEM_FORGET);
+		e->m = NULL;
+		dedup_publish_free(e);
+		pipeline_drop(s, m);
 		return;
 	}
+	v = dedup_publish_answer(e, s, ch);
+	if (v != PIPE_WAIT)
+		pipeline_resume(s, ch, m, v);
 }
 
 static void dedup_publish_again_in(struct session *s, void *arg)
@@ -387,14 +407,17 @@ static void dedup_publish_again_in(struct session *s, void *arg)
 	struct dedup_publish_entry *e = arg;
 
 	if (e->gone) {
-		dedup_publish_decide(e, s, STATE_OK, IDEM_IN_PROGRESS);
+		dedup_publish_resume(e, s);
 		return;
 	}
 	e->phase = PHASE_CHECKING;
+	e->answered = 0;
 	e->op = dedup_publish_submit(e, IDEM_CLAIM);
 	if (e->op == NULL) {
 		s->w->stats.dedup_store_errors++;
-		dedup_publish_decide(e, s, STATE_IO, IDEM_CLAIMED);
+		e->answered = 1;
+		e->rc = STATE_IO;
+		dedup_publish_resume(e, s);
 	}
 }
 
@@ -411,7 +434,13 @@ static void dedup_publish_done_in(struct session *s, void *arg)
 	struct dedup_publish_entry *e = op->e;
 
 	e->op = NULL;
-	dedup_publish_decide(e, s, op->req.w.rc, op->req.answer);
+	e->answered = 1;
+	e->rc = op->req.w.rc;
+	e->answer = op->req.answer;
+	e->reserved = e->rc == STATE_OK && e->answer == IDEM_CLAIMED;
+	if (e->m == NULL)
+		return; /* looked ahead: decided when its publish is read */
+	dedup_publish_resume(e, s);
 }
 
 static void dedup_publish_done(struct worker_call *c)
@@ -427,6 +456,146 @@ static void dedup_publish_done(struct worker_call *c)
 	free(op);
 }
 
+/* ---- entries of publishes not forwarded yet --------------------------------- */
+
+/* A new entry for a publish of value to exchange on channel ch, its check
+ * out; NULL when it cannot be asked (no memory, no state layer). */
+static struct dedup_publish_entry *dedup_publish_check(struct dedup_publish *st, uint16_t ch,
+						       const void *exchange, size_t elen,
+						       int mandatory, const void *v,
+						       size_t vlen, long window_s)
+{
+	struct dedup_publish_entry *e;
+
+	if (elen >= sizeof(e->exchange) || (e = calloc(1, sizeof(*e))) == NULL)
+		return NULL;
+	if ((e->value = malloc(vlen)) == NULL) {
+		free(e);
+		return NULL;
+	}
+	e->st = st;
+	e->channel = ch;
+	e->owner[0] = dedup_publish_instance ^ (++st->seq * 0x9E3779B97F4A7C15ull);
+	e->owner[1] = (st->s->id << 16) | ch;
+	e->poll_ms = DEDUP_PUBLISH_POLL_MIN_MS;
+	e->window_s = window_s;
+	e->mandatory = mandatory != 0;
+	e->elen = elen;
+	memcpy(e->exchange, exchange, elen);
+	e->vlen = vlen;
+	memcpy(e->value, v, vlen);
+	e->phase = PHASE_CHECKING;
+	dedup_publish_push(&st->checks, e);
+	e->op = dedup_publish_submit(e, IDEM_CLAIM);
+	if (e->op == NULL) {
+		dedup_publish_free(e);
+		return NULL;
+	}
+	return e;
+}
+
+/* An entry whose publish will not come to it (or the session went):
+ * its reservation, made or still being made, is given up. */
+static void dedup_publish_discard(struct dedup_publish_entry *e)
+{
+	if (e->op) {
+		/* Its claim is still out: the forget goes after it. */
+		e->op->e = NULL;
+		e->op = NULL;
+		dedup_publish_let_go(e, IDEM_FORGET);
+	} else if (e->reserved) {
+		dedup_publish_let_go(e, IDEM_FORGET);
+	}
+	dedup_publish_free(e);
+}
+
+/* The entry a publish read now was checked ahead as, if any: the first
+ * looked-ahead one of the same channel, exchange and value (those before
+ * it were for publishes that never came: given up). */
+static struct dedup_publish_entry *dedup_publish_take(struct dedup_publish *st, uint16_t ch,
+						      const amqp_bytes_t *exchange,
+						      const void *v, size_t vlen)
+{
+	struct dedup_publish_entry *e, *next;
+
+	for (e = st->checks.head; e; e = e->next)
+		if (e->ahead && e->channel == ch && e->elen == exchange->len &&
+		    e->vlen == vlen && memcmp(e->exchange, exchange->bytes, e->elen) == 0 &&
+		    memcmp(e->value, v, vlen) == 0 && !e->gone)
+			break;
+	for (next = st->checks.head; next && next != e;) {
+		struct dedup_publish_entry *x = next;
+
+		next = x->next;
+		if (x->ahead)
+			dedup_publish_discard(x);
+	}
+	return e;
+}
+
+/* Look-ahead: the publishes the client sent behind the one that waits,
+ * under the rule and with a value, are checked now, together. */
+struct dedup_publish_ahead {
+	struct dedup_publish *st;
+	const struct rules_dedup_publish *r;
+	int pending; /* a basic.publish seen, waiting for its header */
+	uint16_t channel;
+	int mandatory;
+	size_t elen;
+	char exchange[256];
+};
+
+static int dedup_publish_ahead_frame(void *arg, const struct frame_info *fi,
+				     const uint8_t *payload, size_t len)
+{
+	struct dedup_publish_ahead *a = arg;
+	struct dedup_publish *st = a->st;
+	amqp_basic_properties_t *props = NULL;
+	amqp_method_number_t id;
+	void *decoded;
+	const void *v;
+	char num[32];
+	size_t vlen;
+
+	if (fi->type == FRAME_METHOD) {
+		amqp_basic_publish_t *p;
+
+		a->pending = 0;
+		if (payload == NULL || fi->class_id != 60 || fi->method_id != 40 ||
+		    method_decode(payload, len, &st->pool, &id, &decoded) != 0)
+			goto out;
+		p = decoded;
+		if (p->exchange.len >= sizeof(a->exchange) ||
+		    dedup_publish_direct(&p->exchange, &p->routing_key) ||
+		    !rules_matches(&a->r->match, p->exchange.bytes, p->exchange.len,
+				   p->routing_key.bytes, p->routing_key.len))
+			goto out;
+		a->pending = 1;
+		a->channel = fi->channel;
+		a->mandatory = p->mandatory;
+		a->elen = p->exchange.len;
+		memcpy(a->exchange, p->exchange.bytes, a->elen);
+	} else if (fi->type == FRAME_HEADER && a->pending && fi->channel == a->channel) {
+		struct dedup_publish_entry *e;
+
+		a->pending = 0;
+		if (payload == NULL ||
+		    content_props_decode(payload, len, &st->pool, &props) != 0)
+			goto out;
+		vlen = dedup_publish_value(props, a->r->header, num, &v);
+		if (vlen == 0 || ((props->_flags & AMQP_BASIC_REPLY_TO_FLAG) &&
+				  dedup_publish_direct(&amqp_empty_bytes, &props->reply_to)))
+			goto out;
+		e = dedup_publish_check(st, a->channel, a->exchange, a->elen, a->mandatory, v,
+					vlen, a->r->window_s);
+		if (e)
+			e->ahead = 1;
+	}
+out:
+	recycle_amqp_pool(&st->pool);
+	return 0;
+}
+
 /* ---- the hook ---------------------------------------------------------------- */
 
 static void *dedup_publish_attach(struct session *s)
@@ -436,6 +605,7 @@ static void *dedup_publish_attach(struct session *s)
 	if (dedup_publish_rule(s) == NULL || (st = calloc(1, sizeof(*st))) == NULL)
 		return NULL;
 	st->s = s;
+	init_amqp_pool(&st->pool, 4096);
 	return st;
 }
 
@@ -446,21 +616,13 @@ static void dedup_publish_detach(void *state)
 	struct dedup_publish *st = state;
 	struct dedup_publish_entry *e;
 
-	while ((e = st->checks.head) != NULL) {
-		if (e->op) {
-			/* Its claim is still out: the forget goes after it. */
-			e->op->e = NULL;
-			e->op = NULL;
-			dedup_publish_let_go(e, IDEM_FORGET);
-		} else if (e->phase == PHASE_PASSED) {
-			dedup_publish_let_go(e, IDEM_FORGET);
-		}
-		dedup_publish_free(e);
-	}
+	while ((e = st->checks.head) != NULL)
+		dedup_publish_discard(e);
 	while ((e = st->confirming.head) != NULL) {
 		dedup_publish_let_go(e, IDEM_FORGET);
 		dedup_publish_free(e);
 	}
+	empty_amqp_pool(&st->pool);
 	free(st);
 }
 
@@ -535,6 +697,7 @@ static enum pipe_verdict dedup_publish_message(void *state, struct session *s,
 	struct dedup_publish *st = state;
 	const struct rules_dedup_publish *r = dedup_publish_rule(s);
 	amqp_basic_publish_t *p = m->method;
+	struct dedup_publish_ahead a;
 	struct dedup_publish_entry *e;
 	const void *v;
 	char num[32];
@@ -543,35 +706,43 @@ static enum pipe_verdict dedup_publish_message(void *state, struct session *s,
 	if (m->kind != PIPE_PUBLISH || r == NULL)
 		return PIPE_PASS;
 	vlen = dedup_publish_value(m->props, r->header, num, &v);
-	if (vlen == 0 || p->exchange.len >= sizeof(e->exchange))
+	if (vlen == 0)
 		return PIPE_PASS;
-	e = calloc(1, sizeof(*e));
-	if (e == NULL || (e->value = malloc(vlen)) == NULL) {
-		free(e);
+	e = dedup_publish_take(st, ch->id, &p->exchange, v, vlen);
+	if (e) {
+		/* Checked ahead, with the batch before it. */
+		e->ahead = 0;
+		e->mandatory = p->mandatory != 0;
+		e->window_s = r->window_s;
+		e->m = m;
+		if (!e->answered)
+			return PIPE_WAIT;
+		if (e->rc != STATE_OK || e->answer != IDEM_IN_PROGRESS)
+			return dedup_publish_answer(e, s, ch);
+		/* In flight when it was looked ahead at: asked again now. */
+		e->answered = 0;
+		e->op = dedup_publish_submit(e, IDEM_CLAIM);
+		if (e->op)
+			return PIPE_WAIT;
 		s->w->stats.dedup_store_errors++;
-		return PIPE_PASS;
-	}
-	e->st = st;
-	e->channel = ch->id;
-	e->owner[0] = dedup_publish_instance ^ (++st->seq * 0x9E3779B97F4A7C15ull);
-	e->owner[1] = (s->id << 16) | ch->id;
-	e->poll_ms = DEDUP_PUBLISH_POLL_MIN_MS;
-	e->window_s = r->window_s;
-	e->mandatory = p->mandatory != 0;
-	e->elen = p->exchange.len;
-	memcpy(e->exchange, p->exchange.bytes, e->elen);
-	e->vlen = vlen;
-	memcpy(e->value, v, vlen);
-	e->phase = PHASE_CHECKING;
-	dedup_publish_push(&st->checks, e);
-	e->op = dedup_publish_submit(e, IDEM_CLAIM);
-	if (e->op == NULL) {
-		/* Cannot even ask: forwarded, not remembered. */
-		s->w->stats.dedup_store_errors++;
+		e->m = NULL;
 		dedup_publish_free(e);
 		return PIPE_PASS;
 	}
+	e = dedup_publish_check(st, ch->id, p->exchange.bytes, p->exchange.len, p->mandatory, v,
+				vlen, r->window_s);
+	if (e == NULL) {
+		/* Cannot even ask: forwarded, not remembered. */
+		s->w->stats.dedup_store_errors++;
+		return PIPE_PASS;
+	}
 	e->m = m;
+	/* The checks of the publishes behind it go out now, together; once
+	 * per batch: those were looked ahead at. */
+	memset(&a, 0, sizeof(a));
+	a.st = st;
+	a.r = r;
+	session_lookahead(s, DIR_TO_BROKER, dedup_publish_ahead_frame, &a);
 	return PIPE_WAIT;
 }
 
@@ -635,9 +806,14 @@ static void dedup_publish_channel_closed(void *state, struct session *s, struct 
 	struct dedup_publish_entry *e, *next;
 	struct timeval now = {0, 0};
 
-	for (e = st->checks.head; e; e = e->next) {
+	for (e = st->checks.head; e; e = next) {
+		next = e->next;
 		if (e->channel != ch->id || e->phase == PHASE_PASSED)
 			continue; /* a passed one is reported by the pipeline */
+		if (e->ahead) {
+			dedup_publish_discard(e); /* its publish will not come */
+			continue;
+		}
 		e->gone = 1;
 		if (e->phase == PHASE_WAITING && e->timer) {
 			evtimer_del(e->timer);

@@ -261,6 +261,50 @@ def test_in_flight_publishes_wait_for_the_first(dd):
     assert stats(dd)["dedup_waited"] > before["dedup_waited"]
 
 
+def test_pipelined_batch_keeps_order(dd):
+    """Many publishes sent at once, values repeating among them and some
+    without the header: the first of each value and every bare one arrive,
+    in publish order; every publish is acked; the checks share commits."""
+    q = queue()
+    values = [uuid.uuid4().hex for _ in range(20)]
+    sent, want, seen = [], [], set()
+    for i in range(300):
+        if i % 7 == 0:
+            sent.append((b"bare%d" % i, None))
+            want.append(b"bare%d" % i)
+            continue
+        v = values[(i * 13) % len(values)]
+        sent.append((b"%d" % i, hdr(v)))
+        if v not in seen:
+            seen.add(v)
+            want.append(b"%d" % i)
+    before = stats(dd)
+    c = connect(dd.port)
+    ch = c.channel()
+    acked = set()
+
+    def on_confirm(f):
+        assert type(f.method).__name__ == "Ack"
+        top = f.method.delivery_tag
+        acked.update(range(1, top + 1) if f.method.multiple else [top])
+
+    ch._impl.confirm_delivery(ack_nack_callback=on_confirm, callback=lambda *_: None)
+    c.process_data_events(0.2)
+    for body, props in sent:
+        ch._impl.basic_publish(EX, q, body, props)
+    deadline = time.monotonic() + 30
+    while len(acked) < len(sent) and time.monotonic() < deadline:
+        c.process_data_events(0.05)
+    c.close()
+    assert acked == set(range(1, len(sent) + 1))
+    assert bodies(q) == want
+    after = stats(dd)
+    assert after["dedup_first"] - before["dedup_first"] == len(values)
+    checked = len([1 for _, props in sent if props])
+    assert after["dedup_duplicate"] - before["dedup_duplicate"] == checked - len(values)
+    assert after["state_commits"] - before["state_commits"] < checked
+
+
 def test_two_connections_race(dd):
     q, v = queue(), uuid.uuid4().hex
     errors = []
