@@ -86,10 +86,11 @@ struct dedup_publish_list {
 struct dedup_publish {
 	struct session *s;
 	uint64_t seq;                         /* publishes checked: their owners */
-	struct dedup_publish_list checks;     /* not forwarded yet (a few) */
+	struct dedup_publish_list checks;     /* not forwarded yet, and looked ahead at */
 	struct dedup_publish_list confirming; /* forwarded, awaiting the broker */
 	struct dedup_publish_entry *buckets[DEDUP_PUBLISH_BUCKETS];
 	int nmandatory;   /* confirming mandatory ones a basic.return may be for */
+	int nwaiting;     /* WAITING ones (the client's frames wait: one at most) */
 	amqp_pool_t pool; /* look-ahead decoding */
 };
 
@@ -245,6 +246,8 @@ static void dedup_publish_free(struct dedup_publish_entry *e)
 			st->nmandatory--;
 	} else {
 		dedup_publish_unlink(&st->checks, e);
+		if (e->phase == PHASE_WAITING)
+			st->nwaiting--;
 	}
 	if (e->op)
 		e->op->e = NULL; /* it completes on its own */
@@ -315,6 +318,8 @@ static void dedup_publish_kick(struct dedup_publish *st, const struct dedup_publ
 	struct dedup_publish_entry *x;
 	struct timeval now = {0, 0};
 
+	if (st->nwaiting == 0)
+		return;
 	for (x = st->checks.head; x; x = x->next)
 		if (x != e && x->phase == PHASE_WAITING && x->timer &&
 		    dedup_publish_same(x, e)) {
@@ -357,6 +362,8 @@ static enum pipe_verdict dedup_publish_answer(struct dedup_publish_entry *e, str
 			e->waited = 1;
 			s->w->stats.dedup_waited++;
 		}
+		if (e->phase != PHASE_WAITING)
+			e->st->nwaiting++;
 		e->phase = PHASE_WAITING;
 		if (e->timer == NULL)
 			e->timer = evtimer_new(s->w->base, dedup_publish_again, e);
@@ -410,6 +417,7 @@ static void dedup_publish_again_in(struct session *s, void *arg)
 		dedup_publish_resume(e, s);
 		return;
 	}
+	e->st->nwaiting--;
 	e->phase = PHASE_CHECKING;
 	e->answered = 0;
 	e->op = dedup_publish_submit(e, IDEM_CLAIM);
@@ -449,9 +457,11 @@ static void dedup_publish_done(struct worker_call *c)
 
 	if (op->req.w.rc != STATE_OK)
 		op->req.w.w->stats.dedup_store_errors++;
-	if (op->e == NULL || !session_complete(op->e->st->s, dedup_publish_done_in, op)) {
-		if (op->e)
-			op->e->op = NULL;
+	if (op->e && !session_complete(op->e->st->s, dedup_publish_done_in, op)) {
+		/* The session is closing: what it reserved is given up when it
+		 * goes. */
+		op->e->op = NULL;
+		op->e->reserved = op->req.w.rc == STATE_OK && op->req.answer == IDEM_CLAIMED;
 	}
 	free(op);
 }
