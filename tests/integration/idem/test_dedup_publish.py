@@ -125,6 +125,13 @@ def confirmed_channel(p, vhost=VHOST):
     return c, ch
 
 
+def test_rules_view(dd):
+    with urllib.request.urlopen("http://127.0.0.1:%d/rules" % dd.admin, timeout=10) as r:
+        view = {v["vhost"]: v for v in json.loads(r.read().decode())["vhosts"]}
+    assert view[VHOST]["dedup_publish"] == {"header": HDR, "window_s": 600}
+    assert view[VHOST_SHORT]["dedup_publish"] == {"header": HDR, "window_s": 2}
+
+
 def test_repeat_within_window_confirmed_not_delivered(dd):
     q, v = queue(), uuid.uuid4().hex
     before = stats(dd)
