@@ -435,4 +435,6 @@ def test_restart_keeps_window_and_second_proxy_shares_it(dd):
         c.close()
     finally:
         assert other.stop() == 0, other.stderr()[-3000:]
+        assert "AddressSanitizer" not in other.stderr(), other.stderr()[-3000:]
+        assert "runtime error" not in other.stderr(), other.stderr()[-3000:]
     assert bodies(q) == [b"before", b"k", b"new"]
