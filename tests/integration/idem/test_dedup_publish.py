@@ -438,3 +438,59 @@ def test_restart_keeps_window_and_second_proxy_shares_it(dd):
         assert "AddressSanitizer" not in other.stderr(), other.stderr()[-3000:]
         assert "runtime error" not in other.stderr(), other.stderr()[-3000:]
     assert bodies(q) == [b"before", b"k", b"new"]
+
+
+def test_full_store_forwards_and_counts(dd):
+    """A state layer that cannot take the values (a map of 1 MiB, full of
+    long ones): every publish is still forwarded and acked by the broker
+    (fail open), and the failures are counted."""
+    from conftest import Proxy
+    rules = os.path.join(dd.top, "rules-full")
+    os.makedirs(rules)
+    ex = "acemq-dd-long-" + "x" * 200
+    with open(os.path.join(rules, "dedup.json"), "w") as f:
+        f.write('{"vhost": "%s", "dedup_publish": {"match": [{"exchange": "%s"}]}}'
+                % (VHOST, ex))
+    cd = direct()
+    cd.channel().exchange_declare(ex, "direct")
+    cd.close()
+    q = queue(exchange=ex)
+    admin = support.free_port()
+    p = Proxy(rules, os.path.join(dd.top, "data-full"),
+              ["--state-map-mb", "1", "--admin", "127.0.0.1:%d" % admin])
+    p.admin = admin
+    n = 3000
+    try:
+        c = connect(p.port)
+        ch = c.channel()
+        confirms = {"Ack": set(), "Nack": set()}
+
+        def on_confirm(f):
+            top = f.method.delivery_tag
+            confirms[type(f.method).__name__].update(
+                range(1, top + 1) if f.method.multiple else [top])
+
+        ch._impl.confirm_delivery(ack_nack_callback=on_confirm, callback=lambda *_: None)
+        c.process_data_events(0.2)
+        for i in range(n):
+            value = ("%06d" % i) * 42 + "..."  # 255 bytes: kept as they are
+            ch._impl.basic_publish(ex, q, b"%d" % i, hdr(value))
+            if i % 100 == 0:
+                c.process_data_events(0)
+        deadline = time.monotonic() + 60
+        while len(confirms["Ack"] | confirms["Nack"]) < n and time.monotonic() < deadline:
+            c.process_data_events(0.05)
+        c.close()
+        assert confirms == {"Ack": set(range(1, n + 1)), "Nack": set()}
+        assert len(bodies(q)) == n
+        s = stats(p)
+        assert s["dedup_store_errors"] > 0
+        assert s["dedup_first"] + s["dedup_store_errors"] >= n
+        assert "full" in p.stderr()
+    finally:
+        assert p.stop() == 0, p.stderr()[-3000:]
+        assert "AddressSanitizer" not in p.stderr() and "runtime error" not in p.stderr()
+        cd = direct()
+        cd.channel().exchange_delete(ex)
+        cd.close()
+
