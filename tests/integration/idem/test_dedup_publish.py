@@ -23,6 +23,7 @@ import support  # noqa: E402
 
 VHOST = "acemq-dedup"
 VHOST_SHORT = "acemq-dedup-short"  # a window of 2 s
+VHOST_CC = "acemq-dedup-cc"        # with the claim check on large bodies too
 EX = "acemq-dd"                    # direct; under the rule
 EX_MISSING = "acemq-dd-missing"    # under the rule; declared only by a test
 EX_OTHER = "acemq-dd-other"        # direct; not under the rule
@@ -41,7 +42,7 @@ def dd():
     vhosts with dedup_publish rules, its rules and data dirs."""
     from conftest import Proxy
     support.ensure_rabbitmq(60)
-    for v in (VHOST, VHOST_SHORT):
+    for v in (VHOST, VHOST_SHORT, VHOST_CC):
         support.rabbitmqctl("add_vhost", v, check=False)
         support.rabbitmqctl("set_permissions", "-p", v, "guest", ".*", ".*", ".*")
     top = tempfile.mkdtemp(prefix="acemq-dedup-")
@@ -54,11 +55,14 @@ def dd():
     with open(os.path.join(rules, "short.json"), "w") as f:
         f.write('{"vhost": "%s", "dedup_publish": {"match": %s, "window_s": 2}}'
                 % (VHOST_SHORT, match))
+    with open(os.path.join(rules, "cc.json"), "w") as f:
+        f.write('{"vhost": "%s", "dedup_publish": {"match": %s}, '
+                '"claim_check": {"match": %s, "threshold": 1000}}' % (VHOST_CC, match, match))
     admin = support.free_port()
     p = Proxy(rules, data, ["--admin", "127.0.0.1:%d" % admin, "--purge-interval-s", "1"])
     p.admin = admin
     p.top, p.rules_dir, p.data_dir = top, rules, data
-    for v in (VHOST, VHOST_SHORT):
+    for v in (VHOST, VHOST_SHORT, VHOST_CC):
         c = direct(v)
         ch = c.channel()
         ch.exchange_declare(EX, "direct")
@@ -493,4 +497,36 @@ def test_full_store_forwards_and_counts(dd):
         cd = direct()
         cd.channel().exchange_delete(ex)
         cd.close()
+
+
+def test_with_claim_check(dd):
+    """Large bodies the claim check streams to its store as they arrive: a
+    duplicate is answered and its upload dropped; the first is offloaded
+    and comes back whole through the proxy."""
+    q, v = queue(VHOST_CC), uuid.uuid4().hex
+    big = os.urandom(300000)
+    before = stats(dd)
+    c, ch = confirmed_channel(dd, VHOST_CC)
+    ch.basic_publish(EX, q, big, hdr(v))
+    ch.basic_publish(EX, q, os.urandom(300000), hdr(v))
+    ch.basic_publish(EX, q, b"small", hdr(v))
+    c.close()
+    after = stats(dd)
+    assert after["claims_offloaded"] - before["claims_offloaded"] == 1
+    assert after["dedup_duplicate"] - before["dedup_duplicate"] == 2
+    c = direct(VHOST_CC)
+    m, props, body = c.channel().basic_get(q, auto_ack=False)
+    assert body[:3] == b"\xac\x01\x01"  # what the broker holds: a claim check
+    c.close()
+    c = connect(dd.port, VHOST_CC)
+    ch = c.channel()
+    got = []
+    for _ in range(20):
+        m, props, body = ch.basic_get(q, auto_ack=True)
+        if m is None:
+            break
+        got.append(body)
+    ch.queue_delete(q)
+    c.close()
+    assert got == [big]
 
