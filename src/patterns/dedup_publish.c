@@ -184,6 +184,20 @@ static int dedup_publish_direct(const amqp_bytes_t *exchange, const amqp_bytes_t
 	return exchange->len == 0 && rk->len >= n && memcmp(rk->bytes, REPLY_TO_DIRECT, n) == 0;
 }
 
+/* Whether the rule applies to a publish (props NULL: not known yet). */
+static int dedup_publish_applies(const struct rules_dedup_publish *r,
+				 const amqp_basic_publish_t *p,
+				 const amqp_basic_properties_t *props)
+{
+	if (dedup_publish_direct(&p->exchange, &p->routing_key) ||
+	    !rules_matches(&r->match, p->exchange.bytes, p->exchange.len, p->routing_key.bytes,
+			   p->routing_key.len))
+		return 0;
+	/* A request answered by direct reply-to. */
+	return props == NULL || !(props->_flags & AMQP_BASIC_REPLY_TO_FLAG) ||
+	       !dedup_publish_direct(&amqp_empty_bytes, &props->reply_to);
+}
+
 /* ---- entries ------------------------------------------------------------ */
 
 static void dedup_publish_push(struct dedup_publish_list *l, struct dedup_publish_entry *e)
@@ -576,9 +590,7 @@ static int dedup_publish_ahead_frame(void *arg, const struct frame_info *fi,
 			goto out;
 		p = decoded;
 		if (p->exchange.len >= sizeof(a->exchange) ||
-		    dedup_publish_direct(&p->exchange, &p->routing_key) ||
-		    !rules_matches(&a->r->match, p->exchange.bytes, p->exchange.len,
-				   p->routing_key.bytes, p->routing_key.len))
+		    !dedup_publish_applies(a->r, p, NULL))
 			goto out;
 		a->pending = 1;
 		a->channel = fi->channel;
@@ -595,7 +607,7 @@ static int dedup_publish_ahead_frame(void *arg, const struct frame_info *fi,
 		vlen = dedup_publish_value(props, a->r->header, num, &v);
 		if (vlen == 0 || ((props->_flags & AMQP_BASIC_REPLY_TO_FLAG) &&
 				  dedup_publish_direct(&amqp_empty_bytes, &props->reply_to)))
-			goto out;
+			goto out; /* no value, or a request answered by direct reply-to */
 		e = dedup_publish_check(st, a->channel, a->exchange, a->elen, a->mandatory, v,
 					vlen, a->r->window_s);
 		if (e)
@@ -645,13 +657,9 @@ static int dedup_publish_wants(void *state, struct session *s, struct channel *c
 
 	if (kind == PIPE_RETURN)
 		return st->nmandatory > 0 ? PIPE_WANT_MSG : PIPE_WANT_NONE;
-	if (kind != PIPE_PUBLISH || (r = dedup_publish_rule(s)) == NULL ||
-	    dedup_publish_direct(&p->exchange, &p->routing_key))
+	if (kind != PIPE_PUBLISH || (r = dedup_publish_rule(s)) == NULL)
 		return PIPE_WANT_NONE;
-	return rules_matches(&r->match, p->exchange.bytes, p->exchange.len,
-			     p->routing_key.bytes, p->routing_key.len)
-		   ? PIPE_WANT_MSG
-		   : PIPE_WANT_NONE;
+	return dedup_publish_applies(r, p, NULL) ? PIPE_WANT_MSG : PIPE_WANT_NONE;
 }
 
 /* A basic.return: the oldest mandatory publish awaiting its confirm on
@@ -695,10 +703,7 @@ static int dedup_publish_header_want(void *state, struct session *s, struct chan
 		s->w->stats.dedup_no_header++;
 		return PIPE_WANT_NONE; /* untouched, its body not held */
 	}
-	if (p && (p->_flags & AMQP_BASIC_REPLY_TO_FLAG) &&
-	    dedup_publish_direct(&amqp_empty_bytes, &p->reply_to))
-		return PIPE_WANT_NONE; /* a request answered by direct reply-to */
-	return PIPE_WANT_MSG;
+	return dedup_publish_applies(r, m->method, p) ? PIPE_WANT_MSG : PIPE_WANT_NONE;
 }
 
 static enum pipe_verdict dedup_publish_message(void *state, struct session *s,
@@ -713,7 +718,8 @@ static enum pipe_verdict dedup_publish_message(void *state, struct session *s,
 	char num[32];
 	size_t vlen;
 
-	if (m->kind != PIPE_PUBLISH || r == NULL)
+	/* Asked about every message another hook assembled too. */
+	if (m->kind != PIPE_PUBLISH || r == NULL || !dedup_publish_applies(r, p, m->props))
 		return PIPE_PASS;
 	vlen = dedup_publish_value(m->props, r->header, num, &v);
 	if (vlen == 0)

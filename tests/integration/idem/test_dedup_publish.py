@@ -56,8 +56,8 @@ def dd():
         f.write('{"vhost": "%s", "dedup_publish": {"match": %s, "window_s": 2}}'
                 % (VHOST_SHORT, match))
     with open(os.path.join(rules, "cc.json"), "w") as f:
-        f.write('{"vhost": "%s", "dedup_publish": {"match": %s}, '
-                '"claim_check": {"match": %s, "threshold": 1000}}' % (VHOST_CC, match, match))
+        f.write('{"vhost": "%s", "dedup_publish": {"match": %s}, "claim_check": '
+                '{"match": [{"exchange": "*"}], "threshold": 1000}}' % (VHOST_CC, match))
     admin = support.free_port()
     p = Proxy(rules, data, ["--admin", "127.0.0.1:%d" % admin, "--purge-interval-s", "1"])
     p.admin = admin
@@ -529,4 +529,31 @@ def test_with_claim_check(dd):
     ch.queue_delete(q)
     c.close()
     assert got == [big]
+
+
+def test_other_exchange_with_claim_check_untouched(dd):
+    """A publish another pattern takes (the claim check, on every exchange)
+    is not deduplicated when dedup_publish's match does not name it."""
+    q, v = queue(VHOST_CC, exchange=EX_OTHER), uuid.uuid4().hex
+    before = stats(dd)
+    c, ch = confirmed_channel(dd, VHOST_CC)
+    ch.basic_publish(EX_OTHER, q, b"a" * 5000, hdr(v))
+    ch.basic_publish(EX_OTHER, q, b"b" * 5000, hdr(v))
+    ch.basic_publish(EX_OTHER, q, b"small", hdr(v))
+    ch.basic_publish(EX_OTHER, q, b"small", hdr(v))
+    c.close()
+    after = stats(dd)
+    assert after["claims_offloaded"] - before["claims_offloaded"] == 2
+    assert after["dedup_first"] == before["dedup_first"]
+    c = connect(dd.port, VHOST_CC)
+    ch = c.channel()
+    got = []
+    for _ in range(20):
+        m, props, body = ch.basic_get(q, auto_ack=True)
+        if m is None:
+            break
+        got.append(body)
+    ch.queue_delete(q)
+    c.close()
+    assert got == [b"a" * 5000, b"b" * 5000, b"small", b"small"]
 
