@@ -57,7 +57,8 @@ def dd():
                 % (VHOST_SHORT, match))
     with open(os.path.join(rules, "cc.json"), "w") as f:
         f.write('{"vhost": "%s", "dedup_publish": {"match": %s}, "claim_check": '
-                '{"match": [{"exchange": "*"}], "threshold": 1000}}' % (VHOST_CC, match))
+                '{"match": [{"exchange": "*"}], "threshold": 1000}}'
+                % (VHOST_CC, match[:-1] + ', {"exchange": ""}]'))
     admin = support.free_port()
     p = Proxy(rules, data, ["--admin", "127.0.0.1:%d" % admin, "--purge-interval-s", "1"])
     p.admin = admin
@@ -556,4 +557,42 @@ def test_other_exchange_with_claim_check_untouched(dd):
     ch.queue_delete(q)
     c.close()
     assert got == [b"a" * 5000, b"b" * 5000, b"small", b"small"]
+
+
+def test_direct_reply_to_never_deduplicated(dd):
+    """Requests answered by direct reply-to and the replies themselves pass
+    untouched, even on an exchange under the rule (the default one here)."""
+    v = uuid.uuid4().hex
+    server = "acemq-dd-rpc-" + uuid.uuid4().hex[:8]
+    c = connect(dd.port, VHOST_CC)
+    ch = c.channel()
+    ch.queue_declare(server)
+    replies = []
+    ch.basic_consume("amq.rabbitmq.reply-to",
+                     lambda _ch, m, props, body: replies.append(body), auto_ack=True)
+    ask = pika.BasicProperties(reply_to="amq.rabbitmq.reply-to", headers={HDR: v})
+    ch.basic_publish("", server, b"q1", ask)
+    ch.basic_publish("", server, b"q2", ask)
+    # The responder, through the proxy too, answers both with the same value.
+    r = connect(dd.port, VHOST_CC)
+    rch = r.channel()
+    rch.confirm_delivery()
+    got = []
+    for _ in range(50):
+        m, props, body = rch.basic_get(server, auto_ack=True)
+        if m is None:
+            if len(got) == 2:
+                break
+            time.sleep(0.05)
+            continue
+        got.append(body)
+        rch.basic_publish("", props.reply_to, b"re " + body, hdr(v))
+    r.close()
+    deadline = time.monotonic() + 10
+    while len(replies) < 2 and time.monotonic() < deadline:
+        c.process_data_events(0.05)
+    ch.queue_delete(server)
+    c.close()
+    assert got == [b"q1", b"q2"]
+    assert replies == [b"re q1", b"re q2"]
 
