@@ -402,6 +402,12 @@ static void admin_rules(struct evhttp_request *req, void *arg)
 			    v->claim_check.retention_s,
 			    v->claim_check.on_missing == RULES_MISSING_PASS ? "pass"
 									    : "dead-letter");
+		if (v->dedup_publish.enabled) {
+			evbuffer_add_printf(out, ", \"dedup_publish\": {\"header\": ");
+			admin_json_str(out, v->dedup_publish.header);
+			evbuffer_add_printf(out, ", \"window_s\": %ld}",
+					    v->dedup_publish.window_s);
+		}
 		evbuffer_add_printf(out, ", \"schedule\": %s, \"idempotency\": %d}",
 				    v->schedule.enabled ? "true" : "false", v->nidempotency);
 	}

@@ -47,6 +47,13 @@ static void janitor_purge(const struct rules *r, int orphans)
 					 "removed",
 					 v->vhost, n, n == 1 ? "" : "s");
 		}
+		if (v->dedup_publish.enabled && janitor_state && !orphans) {
+			n = idem_dedup_purge(janitor_state, v->vhost, state_now_ms());
+			if (n > 0)
+				log_info("janitor: vhost %s: %ld publish-dedup value%s past "
+					 "their window removed",
+					 v->vhost, n, n == 1 ? "" : "s");
+		}
 	}
 }
 

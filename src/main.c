@@ -8,6 +8,7 @@
 #include "limits.h"
 #include "listener.h"
 #include "log.h"
+#include "patterns/dedup_publish.h"
 #include "patterns/idempotency.h"
 #include "rules.h"
 #include "store/claims.h"
@@ -200,6 +201,7 @@ int main(int argc, char **argv)
 				  err);
 		claims_init(state);
 		idempotency_init(state);
+		dedup_publish_init(state);
 	}
 	if (jobs_start((int)config_num(&cfg, CFG_IO_THREADS)) != 0) {
 		log_error("cannot start the I/O threads");

@@ -314,6 +314,20 @@ static enum chan_dir pipeline_dir(const struct pipe_msg *m)
 	return m->kind == PIPE_PUBLISH ? DIR_TO_BROKER : DIR_TO_CLIENT;
 }
 
+/* Tell the hooks what became of a publish (see pipe_hook.published). */
+static void pipeline_published(struct session *s, struct channel *ch, struct pipe_msg *m,
+			       int forwarded, uint64_t broker_seq)
+{
+	int i;
+
+	if (m->kind != PIPE_PUBLISH)
+		return;
+	for (i = 0; i < s->nhooks; i++)
+		if (s->hooks[i]->published)
+			s->hooks[i]->published(s->hook_state[i], s, ch, m, forwarded,
+					       broker_seq);
+}
+
 /* A publish the proxy will not forward: the client is told. */
 static void pipeline_refuse(struct session *s, struct channel *ch)
 {
@@ -331,11 +345,13 @@ static void pipeline_refuse(struct session *s, struct channel *ch)
 static int pipeline_finish(struct session *s, struct channel *ch, struct pipe_msg *m,
 			   enum pipe_verdict v)
 {
+	uint64_t seq = 0;
 	int rc;
 
 	if (ch->proxy_closing) {
 		/* Its channel was closed meanwhile: nothing more goes on it (a
 		 * delivery is requeued by the close). */
+		pipeline_published(s, ch, m, 0, 0);
 		pipe_msg_free(m);
 		return 0;
 	}
@@ -345,22 +361,28 @@ static int pipeline_finish(struct session *s, struct channel *ch, struct pipe_ms
 			if (ch->confirm_mode)
 				method_write_basic_ack(session_out(s, DIR_TO_CLIENT), ch->id,
 						       confirmmap_answer(&ch->confirms), 0);
+			pipeline_published(s, ch, m, 0, 0);
 			pipe_msg_free(m);
 			return 0;
 		}
 		if (v == PIPE_REFUSE) {
 			s->w->stats.publishes_refused++;
 			pipeline_refuse(s, ch);
+			pipeline_published(s, ch, m, 0, 0);
 			pipe_msg_free(m);
 			return 0;
 		}
 		if (v == PIPE_SWALLOW) { /* its channel went away meanwhile */
+			pipeline_published(s, ch, m, 0, 0);
 			pipe_msg_free(m);
 			return 0;
 		}
-		if (ch->confirm_mode && s->track)
+		if (ch->confirm_mode && s->track) {
 			confirmmap_forward(&ch->confirms);
+			seq = ch->confirms.next_broker;
+		}
 		rc = pipeline_emit(s, m, session_out(s, DIR_TO_BROKER));
+		pipeline_published(s, ch, m, 1, seq);
 		pipe_msg_free(m);
 		return rc;
 	}
@@ -439,6 +461,7 @@ int pipeline_complete(struct session *s, struct channel *ch, struct pipe_msg *m)
 		/* The body went to the stream and nothing replaced it. */
 		log_error("hook %s streamed a body and gave no replacement",
 			  s->hooks[m->streamer]->name);
+		pipeline_published(s, ch, m, 0, 0);
 		pipe_msg_free(m);
 		return -1;
 	}
@@ -536,6 +559,7 @@ void pipeline_drop(struct session *s, struct pipe_msg *m)
 {
 	enum chan_dir dir = pipeline_dir(m);
 
+	pipeline_published(s, NULL, m, 0, 0);
 	pipe_msg_free(m);
 	session_unhold(s, dir);
 }
@@ -645,6 +669,27 @@ void pipeline_recovered(struct session *s, struct channel *ch)
 	for (i = 0; i < s->nhooks; i++)
 		if (s->hooks[i]->recovered)
 			s->hooks[i]->recovered(s->hook_state[i], s, ch);
+}
+
+int pipeline_publish_watched(const struct session *s)
+{
+	int i;
+
+	for (i = 0; i < s->nhooks; i++)
+		if (s->hooks[i]->publish_settled)
+			return 1;
+	return 0;
+}
+
+void pipeline_publish_settled(struct session *s, struct channel *ch, uint64_t broker_seq,
+			      int acked)
+{
+	int i;
+
+	for (i = 0; i < s->nhooks; i++)
+		if (s->hooks[i]->publish_settled)
+			s->hooks[i]->publish_settled(s->hook_state[i], s, ch, broker_seq,
+						     acked);
 }
 
 int pipeline_settle_gate(struct session *s, struct channel *ch, amqp_method_number_t how,

@@ -97,6 +97,17 @@ struct pipe_hook {
 			   amqp_method_number_t how, uint64_t client_tag, int multiple);
 	/* basic.recover: the broker redelivers what is unacked on ch. */
 	void (*recovered)(void *state, struct session *s, struct channel *ch);
+	/* A publish that was assembled is disposed of: forwarded to the
+	 * broker (forwarded 1; broker_seq is its confirm sequence number
+	 * there when its channel is in confirm mode, else 0), or not
+	 * (answered, refused, or dropped with its channel). ch is NULL when
+	 * the channel is not at hand. m is only identified, never kept. */
+	void (*published)(void *state, struct session *s, struct channel *ch,
+			  struct pipe_msg *m, int forwarded, uint64_t broker_seq);
+	/* The broker acked (acked 1) or nacked a forwarded publish: called
+	 * once for each sequence number a (multiple) confirm covers. */
+	void (*publish_settled)(void *state, struct session *s, struct channel *ch,
+				uint64_t broker_seq, int acked);
 };
 
 void pipeline_register(const struct pipe_hook *hook);
@@ -163,6 +174,10 @@ void pipeline_settled(struct session *s, struct channel *ch, amqp_method_number_
 void pipeline_channel_closed(struct session *s, struct channel *ch);
 void pipeline_drained(struct session *s);
 void pipeline_recovered(struct session *s, struct channel *ch);
+/* Whether a hook follows the broker's confirms of forwarded publishes. */
+int pipeline_publish_watched(const struct session *s);
+void pipeline_publish_settled(struct session *s, struct channel *ch, uint64_t broker_seq,
+			      int acked);
 /* Whether a client settle may go upstream now (0), or waits (1). */
 int pipeline_settle_gate(struct session *s, struct channel *ch, amqp_method_number_t how,
 			 uint64_t client_tag, int multiple);

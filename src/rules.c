@@ -252,6 +252,24 @@ static void rules_parse_schedule(struct rules_ctx *c, const cJSON *obj,
 	sc->engine = rules_bool(c, obj, "schedule", "engine", 1);
 }
 
+static void rules_parse_dedup_publish(struct rules_ctx *c, const cJSON *obj,
+				      struct rules_dedup_publish *d)
+{
+	static const char *const keys[] = {"match", "header", "window_s", NULL};
+
+	d->enabled = 1;
+	rules_known_keys(c, obj, "dedup_publish", keys);
+	rules_parse_match(c, obj, "dedup_publish", &d->match);
+	d->header = rules_string(c, obj, "dedup_publish", "header", 0);
+	if (d->header == NULL)
+		d->header = strdup("x-deduplication-header");
+	else if (d->header[0] == '\0')
+		rules_error(c, "dedup_publish.header", "must not be empty");
+	else if (strlen(d->header) > 255)
+		rules_error(c, "dedup_publish.header", "is longer than 255 bytes");
+	d->window_s = rules_int(c, obj, "dedup_publish", "window_s", 3600, 1, 365L * 86400);
+}
+
 static void rules_parse_idempotency(struct rules_ctx *c, const cJSON *list,
 				    struct rules_vhost *v)
 {
@@ -311,6 +329,8 @@ static void rules_vhost_free(struct rules_vhost *v)
 	free(v->claim_check.store_path);
 	rules_matchlist_free(&v->schedule.match);
 	free(v->schedule.header);
+	rules_matchlist_free(&v->dedup_publish.match);
+	free(v->dedup_publish.header);
 	for (i = 0; i < v->nidempotency; i++) {
 		free(v->idempotency[i].queue);
 		free(v->idempotency[i].key_name);
@@ -346,8 +366,9 @@ static char *rules_read(struct rules_ctx *c, const char *path)
 /* Parse one file into v; returns the number of errors in it. */
 static int rules_parse_file(struct rules_ctx *c, const char *path, struct rules_vhost *v)
 {
-	static const char *const keys[] = {"vhost",    "reply_to",    "claim_check",
-					   "schedule", "idempotency", NULL};
+	static const char *const keys[] = {"vhost",    "reply_to",      "claim_check",
+					   "schedule", "dedup_publish", "idempotency",
+					   NULL};
 	static const char *const reply_keys[] = {"enabled", NULL};
 	int before = c->nerrors;
 	const cJSON *o;
@@ -388,6 +409,9 @@ static int rules_parse_file(struct rules_ctx *c, const char *path, struct rules_
 	o = rules_object(c, root, "", "schedule");
 	if (o)
 		rules_parse_schedule(c, o, &v->schedule);
+	o = rules_object(c, root, "", "dedup_publish");
+	if (o)
+		rules_parse_dedup_publish(c, o, &v->dedup_publish);
 	o = cJSON_GetObjectItemCaseSensitive(root, "idempotency");
 	if (o)
 		rules_parse_idempotency(c, o, v);

@@ -39,6 +39,13 @@ struct rules_schedule {
 	int engine;
 };
 
+struct rules_dedup_publish {
+	int enabled;
+	struct rules_matchlist match;
+	char *header;  /* the header whose value identifies a publish */
+	long window_s; /* how long a confirmed value is remembered */
+};
+
 struct rules_idempotency {
 	char *queue;
 	enum rules_key key;
@@ -52,6 +59,7 @@ struct rules_vhost {
 	int reply_to;
 	struct rules_claim_check claim_check;
 	struct rules_schedule schedule;
+	struct rules_dedup_publish dedup_publish;
 	struct rules_idempotency *idempotency;
 	int nidempotency;
 };

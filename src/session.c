@@ -676,11 +676,25 @@ void session_channel_error(struct session *s, struct channel *ch, uint16_t code,
 	    (to_client ? CHAN_CLOSING_CLIENT : 0) | (to_broker ? CHAN_CLOSING_BROKER : 0);
 }
 
+struct session_confirm_note {
+	struct session *s;
+	struct channel *ch;
+	int acked;
+};
+
+static void session_publish_settled(void *arg, uint64_t broker_seq)
+{
+	struct session_confirm_note *n = arg;
+
+	pipeline_publish_settled(n->s, n->ch, broker_seq, n->acked);
+}
+
 /* The broker's ack or nack of publishes on a channel with mapped confirms. */
 static void session_broker_confirm(struct session *s, struct channel *ch,
 				   amqp_method_number_t id, void *decoded)
 {
 	struct session_emit e = {session_out(s, DIR_TO_CLIENT), ch->id, id, 0};
+	struct session_confirm_note n = {s, ch, id == AMQP_BASIC_ACK_METHOD};
 	uint64_t tag;
 	int multiple;
 
@@ -696,6 +710,9 @@ static void session_broker_confirm(struct session *s, struct channel *ch,
 		multiple = m->multiple;
 		e.requeue = m->requeue;
 	}
+	/* Hooks that follow their publishes learn each one's outcome. */
+	if (pipeline_publish_watched(s))
+		confirmmap_covered(&ch->confirms, tag, multiple, session_publish_settled, &n);
 	if (confirmmap_settle(&ch->confirms, tag, multiple, session_emit_settle, &e) != 0)
 		session_log(s, LOG_WARNING,
 			    "broker confirmed unknown sequence %llu on channel %u",

@@ -76,7 +76,19 @@
 	X(idem_no_key, "acemq_proxy_idempotency_no_key_total", "",                        \
 	  "deliveries without a key, delivered untouched")                                \
 	X(idem_store_errors, "acemq_proxy_idempotency_store_errors_total", "",            \
-	  "idempotency reads or writes that failed")
+	  "idempotency reads or writes that failed")                                      \
+	X(dedup_first, "acemq_proxy_dedup_publish_total", "answer=\"first\"",             \
+	  "publishes under publish dedup, by answer")                                     \
+	X(dedup_duplicate, "acemq_proxy_dedup_publish_total", "answer=\"duplicate\"",     \
+	  "publishes under publish dedup, by answer")                                     \
+	X(dedup_waited, "acemq_proxy_dedup_publish_waited_total", "",                     \
+	  "publishes that waited for an identical one in flight")                         \
+	X(dedup_no_header, "acemq_proxy_dedup_publish_no_header_total", "",               \
+	  "matching publishes without a usable header, passed untouched")                 \
+	X(dedup_forgotten, "acemq_proxy_dedup_publish_forgotten_total", "",               \
+	  "values not remembered (nacked, returned, not forwarded, outcome lost)")        \
+	X(dedup_store_errors, "acemq_proxy_dedup_publish_store_errors_total", "",         \
+	  "publish-dedup checks or writes that failed (the publish was forwarded)")
 
 struct stats {
 #define STATS_FIELD(name, metric, labels, help) uint64_t name;

@@ -287,3 +287,24 @@ int confirmmap_settle(struct confirmmap *cm, uint64_t broker_seq, int multiple,
 	emit(arg, top, 1);
 	return 0;
 }
+
+void confirmmap_covered(const struct confirmmap *cm, uint64_t broker_seq, int multiple,
+			void (*fn)(void *arg, uint64_t broker_seq), void *arg)
+{
+	struct tagmap_pairs *p = (struct tagmap_pairs *)&cm->out;
+	size_t i;
+
+	for (i = 0; i < p->len; i++) {
+		uint64_t seq = tagmap_at(p, i)[SIDE_BROKER];
+
+		if (seq == 0)
+			continue;
+		if (seq > broker_seq)
+			break;
+		if (!multiple && seq != broker_seq)
+			continue;
+		fn(arg, seq);
+		if (!multiple)
+			break;
+	}
+}

@@ -620,6 +620,24 @@ static void claim_check_channel_closed(void *state, struct session *s, struct ch
 			rd->gone = 1;
 }
 
+/* A publish disposed of before its message() reached this hook (a hook
+ * before it answered it): its upload, streamed at header time, goes. */
+static void claim_check_published(void *state, struct session *s, struct channel *ch,
+				  struct pipe_msg *m, int forwarded, uint64_t broker_seq)
+{
+	struct claim_check_up *up = claim_check_up_of(state, m);
+
+	if (up == NULL || up->waiting)
+		return;
+	claims_upload_abandon(up->u);
+	up->u = NULL;
+	if (up->held) {
+		up->held = 0;
+		session_unhold(s, DIR_TO_BROKER);
+	}
+	claim_check_up_free(up);
+}
+
 static const struct pipe_hook claim_check_hook = {
     .name = "claim_check",
     .attach = claim_check_attach,
@@ -631,6 +649,7 @@ static const struct pipe_hook claim_check_hook = {
     .message = claim_check_message,
     .channel_closed = claim_check_channel_closed,
     .drained = claim_check_drained,
+    .published = claim_check_published,
 };
 
 void claim_check_register(void)

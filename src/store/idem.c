@@ -1,7 +1,9 @@
-/* idem: idempotency keys in the state layer: claim, confirm and forget
- * under a lease, decided inside the writer's transaction. */
+/* idem: idempotency keys and publish-dedup windows in the state layer:
+ * claim, confirm and forget under a lease, decided inside the writer's
+ * transaction. */
 #include "idem.h"
 
+#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,21 +80,11 @@ static enum state_decision idem_update(void *arg, const void *old, size_t oldlen
 	return d;
 }
 
-int idem_prepare(struct idem_req *r, enum idem_op what, const char *vhost, const char *queue,
-		 const void *key, size_t klen, const uint64_t owner[2], uint64_t now_ms,
-		 uint64_t span_ms)
+/* The request around r->db and r->key, already filled. */
+static void idem_fill(struct idem_req *r, enum idem_op what, const uint64_t owner[2],
+		      uint64_t now_ms, uint64_t span_ms)
 {
-	size_t qlen = strlen(queue);
-
-	if (qlen + 1 + klen > sizeof(r->key) || klen == 0)
-		return -1;
 	memset(&r->op, 0, sizeof(r->op));
-	snprintf(r->db, sizeof(r->db), "idem/%s", vhost);
-	/* Namespaced by queue: "QUEUE\0KEY". */
-	memcpy(r->key, queue, qlen);
-	r->key[qlen] = 0;
-	memcpy(r->key + qlen + 1, key, klen);
-	r->klen = qlen + 1 + klen;
 	r->what = what;
 	r->now_ms = now_ms;
 	r->span_ms = span_ms;
@@ -104,6 +96,53 @@ int idem_prepare(struct idem_req *r, enum idem_op what, const char *vhost, const
 	r->op.arg = r;
 	r->w.ops = &r->op;
 	r->w.nops = 1;
+}
+
+int idem_prepare(struct idem_req *r, enum idem_op what, const char *vhost, const char *queue,
+		 const void *key, size_t klen, const uint64_t owner[2], uint64_t now_ms,
+		 uint64_t span_ms)
+{
+	size_t qlen = strlen(queue);
+
+	if (qlen + 1 + klen > sizeof(r->key) || klen == 0)
+		return -1;
+	snprintf(r->db, sizeof(r->db), "idem/%s", vhost);
+	/* Namespaced by queue: "QUEUE\0KEY". */
+	memcpy(r->key, queue, qlen);
+	r->key[qlen] = 0;
+	memcpy(r->key + qlen + 1, key, klen);
+	r->klen = qlen + 1 + klen;
+	idem_fill(r, what, owner, now_ms, span_ms);
+	return 0;
+}
+
+int idem_dedup_prepare(struct idem_req *r, enum idem_op what, const char *vhost,
+		       const void *exchange, size_t elen, const void *value, size_t vlen,
+		       const uint64_t owner[2], uint64_t now_ms, uint64_t span_ms)
+{
+	static const char hashed[] = "\xffsha256:";
+	unsigned char md[EVP_MAX_MD_SIZE];
+	unsigned int mdlen = 0;
+
+	if (elen > 255 || vlen == 0)
+		return -1;
+	snprintf(r->db, sizeof(r->db), "dedup/%s", vhost);
+	/* Namespaced by exchange: "EXCHANGE\0VALUE", within LMDB's 511. */
+	memcpy(r->key, exchange, elen);
+	r->key[elen] = 0;
+	r->klen = elen + 1;
+	if (vlen <= IDEM_DEDUP_VALUE_MAX) {
+		memcpy(r->key + r->klen, value, vlen);
+		r->klen += vlen;
+	} else {
+		if (EVP_Digest(value, vlen, md, &mdlen, EVP_sha256(), NULL) != 1)
+			return -1;
+		memcpy(r->key + r->klen, hashed, sizeof(hashed) - 1);
+		r->klen += sizeof(hashed) - 1;
+		memcpy(r->key + r->klen, md, mdlen);
+		r->klen += mdlen;
+	}
+	idem_fill(r, what, owner, now_ms, span_ms);
 	return 0;
 }
 
@@ -156,16 +195,15 @@ static enum state_decision idem_expired(void *arg, const void *old, size_t oldle
 	return rec.until_ms <= *(const uint64_t *)arg ? STATE_DEL : STATE_KEEP;
 }
 
-long idem_purge(struct state *st, const char *vhost, uint64_t now_ms)
+/* Remove the records of database db whose time has passed. */
+static long idem_purge_db(struct state *st, const char *db, uint64_t now_ms)
 {
 	struct idem_sweep sw;
-	char db[300];
 	long removed = 0;
 	size_t i, j;
 
 	memset(&sw, 0, sizeof(sw));
 	sw.now_ms = now_ms;
-	snprintf(db, sizeof(db), "idem/%s", vhost);
 	if (state_scan(st, db, NULL, 0, idem_sweep_one, &sw) != STATE_OK) {
 		free(sw.dead);
 		free(sw.lens);
@@ -190,4 +228,20 @@ long idem_purge(struct state *st, const char *vhost, uint64_t now_ms)
 	free(sw.dead);
 	free(sw.lens);
 	return removed;
+}
+
+long idem_purge(struct state *st, const char *vhost, uint64_t now_ms)
+{
+	char db[300];
+
+	snprintf(db, sizeof(db), "idem/%s", vhost);
+	return idem_purge_db(st, db, now_ms);
+}
+
+long idem_dedup_purge(struct state *st, const char *vhost, uint64_t now_ms)
+{
+	char db[300];
+
+	snprintf(db, sizeof(db), "dedup/%s", vhost);
+	return idem_purge_db(st, db, now_ms);
 }

@@ -1,6 +1,7 @@
-/* idem: idempotency keys per vhost and queue in the state layer: claim,
- * confirm and forget under a lease, with the three answers the AceMQ
- * libraries share (CLAIMED, DUPLICATE, IN_PROGRESS). */
+/* idem: idempotency keys per vhost and queue, and publish-dedup windows
+ * per vhost and exchange, in the state layer: claim, confirm and forget
+ * under a lease, with the three answers the AceMQ libraries share
+ * (CLAIMED, DUPLICATE, IN_PROGRESS). */
 #ifndef ACEMQ_IDEM_H
 #define ACEMQ_IDEM_H
 
@@ -9,7 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define IDEM_KEY_MAX 512 /* queue, a NUL, and the message's key */
+#define IDEM_KEY_MAX         512 /* queue (or exchange), a NUL, and the key */
+#define IDEM_DEDUP_VALUE_MAX 255 /* longer publish-dedup values are kept hashed */
 
 enum idem_answer {
 	IDEM_CLAIMED,     /* first time (or the last claim's lease ran out): run it */
@@ -58,5 +60,17 @@ enum state_decision idem_decide(struct idem_req *r, const struct idem_record *cu
 
 /* Blocking (janitor): remove records whose time has passed. */
 long idem_purge(struct state *st, const char *vhost, uint64_t now_ms);
+
+/* The same operations on publish-dedup windows: a value published to an
+ * exchange of vhost, in the vhost's database of its own ("dedup/VHOST",
+ * key "EXCHANGE\0VALUE"; a value longer than IDEM_DEDUP_VALUE_MAX is kept
+ * as its SHA-256). A claim is the reservation of a publish in flight
+ * (span: its lease), a confirm remembers the value for the window (span),
+ * a forget gives up the owner's own reservation. Returns -1 for an empty
+ * value or an exchange name longer than 255 bytes. */
+int idem_dedup_prepare(struct idem_req *r, enum idem_op what, const char *vhost,
+		       const void *exchange, size_t elen, const void *value, size_t vlen,
+		       const uint64_t owner[2], uint64_t now_ms, uint64_t span_ms);
+long idem_dedup_purge(struct state *st, const char *vhost, uint64_t now_ms);
 
 #endif

@@ -2,9 +2,10 @@
  * client bytes, broker bytes, the broker connect completing or failing,
  * either peer closing or resetting, timers and read timeouts firing, rules
  * reloads. Both legs are socketpairs run by a real worker's event loop with
- * the real session, channel, pipeline and transport code, the reply_to and
- * claim_check patterns (a filesystem store; store jobs run inline and
- * complete later on the loop) and the test hook attached. A scripted broker answers the
+ * the real session, channel, pipeline and transport code, the reply_to,
+ * claim_check (a filesystem store; store jobs run inline and complete
+ * later on the loop), idempotency and dedup_publish patterns (a state
+ * layer of their own) and the test hook attached. A scripted broker answers the
  * handshake so inputs reach OPEN and the pipeline quickly.
  *
  * Invariants checked beyond ASan/UBSan: once both peers have gone and the
@@ -16,6 +17,7 @@
 #include "src/hooks.h"
 #include "src/jobs.h"
 #include "src/log.h"
+#include "src/patterns/dedup_publish.h"
 #include "src/patterns/idempotency.h"
 #include "src/rules.h"
 #include "src/session.h"
@@ -195,7 +197,9 @@ static void fuzz_init(void)
 		    "\"store\": {\"type\": \"filesystem\", \"path\": \"%s\"}}, "
 		    "\"schedule\": {\"match\": [{\"exchange\": \"\"}], \"engine\": false}, "
 		    "\"idempotency\": [{\"queue\": \"q\", \"key\": \"message-id\", "
-		    "\"lease_s\": 30, \"retention_s\": 60, \"in_progress_delay_s\": 0}]}",
+		    "\"lease_s\": 30, \"retention_s\": 60, \"in_progress_delay_s\": 0}], "
+		    "\"dedup_publish\": {\"match\": [{\"exchange\": \"\"}], "
+		    "\"window_s\": 60}}",
 		    fuzz_claims);
 		fz.rules[0] = fuzz_rules(json);
 		/* Idempotency keys in a state layer of their own (its writer is
@@ -206,6 +210,7 @@ static void fuzz_init(void)
 		if (st == NULL)
 			abort();
 		idempotency_init(st);
+		dedup_publish_init(st);
 	}
 	fz.rules[1] = fuzz_rules(NULL);
 	worker_set_rules(&fz.w, fz.rules[0]); /* in force from the first loop turn */
@@ -244,7 +249,7 @@ static amqp_bytes_t fuzz_str(const char *s)
 static void fuzz_body(struct evbuffer *b, uint16_t ch, uint8_t p, const char *rk)
 {
 	amqp_basic_properties_t props = {0};
-	amqp_table_entry_t e[2];
+	amqp_table_entry_t e[3];
 	size_t len = (size_t)p * 97, i;
 	struct evbuffer *body = evbuffer_new();
 
@@ -254,29 +259,39 @@ static void fuzz_body(struct evbuffer *b, uint16_t ch, uint8_t p, const char *rk
 		props._flags |= AMQP_BASIC_REPLY_TO_FLAG;
 		props.reply_to = fuzz_str(p & 2 ? "amq.rabbitmq.reply-to" : "replies");
 	}
+	props.headers.entries = e;
 	if (p & 0x80) {
-		/* A message-id from a few: duplicates for the idempotency rule. */
+		/* A message-id from a few: duplicates for the idempotency rule,
+		 * and the same in the publish-dedup header. */
 		static const char *const ids[4] = {"m0", "m1", "m2", "m3"};
+		amqp_table_entry_t *d = &e[props.headers.num_entries++];
 
-		props._flags |= AMQP_BASIC_MESSAGE_ID_FLAG;
+		props._flags |= AMQP_BASIC_MESSAGE_ID_FLAG | AMQP_BASIC_HEADERS_FLAG;
 		props.message_id = fuzz_str(ids[p & 3]);
+		d->key = fuzz_str("x-deduplication-header");
+		d->value.kind = AMQP_FIELD_KIND_UTF8;
+		d->value.value.bytes = fuzz_str(ids[p & 3]);
 	}
 	if (p & 4) {
-		e[0].key = fuzz_str("acemq-reply-to");
-		e[0].value.kind = AMQP_FIELD_KIND_UTF8;
-		e[0].value.value.bytes = fuzz_str("other");
-		/* A delay for the schedule rule: good, or not a number. */
-		e[1].key = fuzz_str("x-delay");
-		if (p & 2) {
-			e[1].value.kind = AMQP_FIELD_KIND_I32;
-			e[1].value.value.i32 = 1500;
-		} else {
-			e[1].value.kind = AMQP_FIELD_KIND_UTF8;
-			e[1].value.value.bytes = fuzz_str(p & 1 ? "soon" : "-3");
+		amqp_table_entry_t *r = &e[props.headers.num_entries++];
+
+		r->key = fuzz_str("acemq-reply-to");
+		r->value.kind = AMQP_FIELD_KIND_UTF8;
+		r->value.value.bytes = fuzz_str("other");
+		if (p & 8) {
+			/* A delay for the schedule rule: good, or not a number. */
+			amqp_table_entry_t *d = &e[props.headers.num_entries++];
+
+			d->key = fuzz_str("x-delay");
+			if (p & 2) {
+				d->value.kind = AMQP_FIELD_KIND_I32;
+				d->value.value.i32 = 1500;
+			} else {
+				d->value.kind = AMQP_FIELD_KIND_UTF8;
+				d->value.value.bytes = fuzz_str(p & 1 ? "soon" : "-3");
+			}
 		}
 		props._flags |= AMQP_BASIC_HEADERS_FLAG;
-		props.headers.num_entries = p & 8 ? 2 : 1;
-		props.headers.entries = e;
 	}
 	if ((p & 0x30) == 0x30) {
 		/* A claim check: to the stored payload, a missing one, or a

@@ -210,3 +210,23 @@ props_seeds_ladder = {
 for name, data in props_seeds_ladder.items():
     with open(os.path.join(here, "corpus", "props", name), "wb") as f:
         f.write(data)
+# loop turns for the state layer's writer to answer (reading toggled twice)
+PAUSE = bytes([CLIENT_READING, CLIENT_READING]) * 16
+session_seeds_dedup = {
+    # publishes to the default exchange (the dedup_publish rule's) carrying
+    # x-deduplication-header m0..m3 (p & 0x80): mandatory ones with small
+    # bodies (0xB1) and large ones the claim check streams (0x81), on a
+    # confirmed channel 1 and an unconfirmed channel 2; a nack, a return, a
+    # channel closed and reopened
+    "dedup-publish": HANDSHAKE + cf(4, 0) + cf(5, 0) + cf(4, 1) + cf(6, 0xB1) + cf(6, 0xB1)
+    + cf(6, 0x81) + cf(6, 0x81) + cf(6, 0x82) + cf(6, 0x82) + bf(9, 0xB1) + bf(8, 0x18)
+    + cf(6, 0xB4) + cf(12, 0) + bf(14, 0) + cf(4, 0) + cf(6, 0xB1) + cf(13),
+    # the scripted broker does not answer: identical publishes wait for the
+    # first, then its ack (channel 1, tag 1) comes; the client vanishes
+    "dedup-publish-in-flight": HANDSHAKE + cf(4, 0) + cf(5, 0) + bytes([AUTO_BROKER])
+    + cf(6, 0xB1) + cf(6, 0xB1) + cf(6, 0xB1) + PAUSE + bf(7, 6) + PAUSE + cf(6, 0xB4) + PAUSE
+    + bf(8, 9) + bytes([CLIENT_CLOSE]),
+}
+for name, data in session_seeds_dedup.items():
+    with open(os.path.join(here, "corpus", "session", name), "wb") as f:
+        f.write(data)

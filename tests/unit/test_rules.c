@@ -155,6 +155,37 @@ START_TEST(refusals)
 		"schedule.header", "must not be empty");
 	refused("{\"vhost\": \"a\", \"schedule\": {\"match\": [], \"engine\": 1}}",
 		"schedule.engine", "must be true or false");
+	refused("{\"vhost\": \"a\", \"dedup_publish\": true}", "dedup_publish",
+		"must be an object");
+	refused("{\"vhost\": \"a\", \"dedup_publish\": {}}", "dedup_publish.match",
+		"is required");
+	refused("{\"vhost\": \"a\", \"dedup_publish\": {\"match\": [], \"ttl\": 5}}",
+		"dedup_publish.ttl", "unknown key");
+	refused("{\"vhost\": \"a\", \"dedup_publish\": {\"match\": [{\"exchange\": \"x\", "
+		"\"queue\": \"q\"}]}}",
+		"dedup_publish.match[0].queue", "unknown key");
+	refused("{\"vhost\": \"a\", \"dedup_publish\": {\"match\": [], \"window_s\": 0}}",
+		"dedup_publish.window_s", "0 is out of range 1..31536000");
+	refused("{\"vhost\": \"a\", \"dedup_publish\": {\"match\": [], \"window_s\": "
+		"31536001}}",
+		"dedup_publish.window_s", "31536001 is out of range");
+	refused("{\"vhost\": \"a\", \"dedup_publish\": {\"match\": [], \"window_s\": \"1h\"}}",
+		"dedup_publish.window_s", "must be a number");
+	refused("{\"vhost\": \"a\", \"dedup_publish\": {\"match\": [], \"header\": \"\"}}",
+		"dedup_publish.header", "must not be empty");
+	refused("{\"vhost\": \"a\", \"dedup_publish\": {\"match\": [], \"header\": 7}}",
+		"dedup_publish.header", "must be a string");
+	{
+		char text[600], name[300];
+
+		memset(name, 'h', 256);
+		name[256] = 0;
+		snprintf(text, sizeof(text),
+			 "{\"vhost\": \"a\", \"dedup_publish\": {\"match\": [], \"header\": "
+			 "\"%s\"}}",
+			 name);
+		refused(text, "dedup_publish.header", "is longer than 255 bytes");
+	}
 	refused("{\"vhost\": \"a\", \"idempotency\": {}}", "idempotency", "must be a list");
 	refused("{\"vhost\": \"a\", \"idempotency\": [{}]}", "idempotency[0].queue",
 		"is required");
@@ -162,6 +193,44 @@ START_TEST(refusals)
 		"idempotency[0].key", "'body' is not message-id, header:NAME or json:FIELD");
 	refused("{\"vhost\": \"a\", \"idempotency\": [{\"queue\": \"q\", \"lease_s\": 0}]}",
 		"idempotency[0].lease_s", "0 is out of range");
+}
+END_TEST
+
+START_TEST(dedup_publish_keys)
+{
+	const struct rules_vhost *v;
+	struct rules *r;
+	int n;
+
+	fresh_dir();
+	put("d.json", "{\"vhost\": \"d\", \"dedup_publish\": {\"match\": ["
+		      "{\"exchange\": \"orders\"}, {\"exchange\": \"*\", \"routing_key\": "
+		      "\"dedup.#\"}]}}");
+	put("e.json", "{\"vhost\": \"e\", \"dedup_publish\": {\"match\": [], "
+		      "\"header\": \"x-request-id\", \"window_s\": 31536000}}");
+	r = load(&n);
+	ck_assert_msg(r != NULL, "%s", errbuf);
+	v = rules_vhost(r, "d");
+	ck_assert_int_eq(v->dedup_publish.enabled, 1);
+	ck_assert_str_eq(v->dedup_publish.header, "x-deduplication-header");
+	ck_assert_int_eq(v->dedup_publish.window_s, 3600);
+	ck_assert(rules_matches(&v->dedup_publish.match, "orders", 6, "any", 3));
+	ck_assert(rules_matches(&v->dedup_publish.match, "x", 1, "dedup.a.b", 9));
+	ck_assert(!rules_matches(&v->dedup_publish.match, "x", 1, "other", 5));
+	ck_assert_int_eq(v->claim_check.enabled, 0);
+	v = rules_vhost(r, "e");
+	ck_assert_str_eq(v->dedup_publish.header, "x-request-id");
+	ck_assert_int_eq(v->dedup_publish.window_s, 31536000);
+	ck_assert(!rules_matches(&v->dedup_publish.match, "orders", 6, "any", 3));
+	ck_assert_int_eq(rules_vhost(r, "d")->schedule.enabled, 0);
+	rules_unref(r);
+	/* Without the key the pattern is off. */
+	fresh_dir();
+	put("o.json", "{\"vhost\": \"o\"}");
+	r = load(&n);
+	ck_assert_ptr_nonnull(r);
+	ck_assert_int_eq(rules_vhost(r, "o")->dedup_publish.enabled, 0);
+	rules_unref(r);
 }
 END_TEST
 
@@ -277,6 +346,7 @@ int main(void)
 
 	tcase_add_test(tc, design_example_loads);
 	tcase_add_test(tc, refusals);
+	tcase_add_test(tc, dedup_publish_keys);
 	tcase_add_test(tc, duplicate_vhost_refused);
 	tcase_add_test(tc, every_error_reported);
 	tcase_add_test(tc, missing_directory);

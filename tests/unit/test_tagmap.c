@@ -174,6 +174,47 @@ START_TEST(confirms_with_answered_publishes)
 }
 END_TEST
 
+static void covered(void *arg, uint64_t seq)
+{
+	record(arg, seq, 0);
+}
+
+START_TEST(confirms_covered)
+{
+	struct confirmmap cm;
+	struct rec r = {.n = 0}, sink = {.n = 0};
+	uint64_t i;
+
+	confirmmap_init(&cm);
+	/* Client publishes 1..6; the proxy answers 2: the broker sees 5. */
+	for (i = 1; i <= 6; i++)
+		if (i == 2)
+			confirmmap_answer(&cm);
+		else
+			confirmmap_forward(&cm);
+	/* A single confirm covers its own sequence number only. */
+	confirmmap_covered(&cm, 2, 0, covered, &r);
+	ck_assert_int_eq(r.n, 1);
+	ck_assert_uint_eq(r.tag[0], 2);
+	ck_assert_int_eq(confirmmap_settle(&cm, 2, 0, record, &sink), 0);
+	/* Settled ones are not covered again; multiple covers the rest below. */
+	r.n = 0;
+	confirmmap_covered(&cm, 4, 1, covered, &r);
+	ck_assert_int_eq(r.n, 3);
+	ck_assert_uint_eq(r.tag[0], 1);
+	ck_assert_uint_eq(r.tag[1], 3);
+	ck_assert_uint_eq(r.tag[2], 4);
+	ck_assert_int_eq(confirmmap_settle(&cm, 4, 1, record, &sink), 0);
+	r.n = 0;
+	confirmmap_covered(&cm, 4, 0, covered, &r);
+	ck_assert_int_eq(r.n, 0);
+	confirmmap_covered(&cm, 9, 1, covered, &r);
+	ck_assert_int_eq(r.n, 1);
+	ck_assert_uint_eq(r.tag[0], 5);
+	confirmmap_reset(&cm);
+}
+END_TEST
+
 int main(void)
 {
 	TCase *tc = tcase_create("core");
@@ -185,5 +226,6 @@ int main(void)
 	tcase_add_test(tc, no_ack_deliveries_not_tracked);
 	tcase_add_test(tc, many_outstanding_grow);
 	tcase_add_test(tc, confirms_with_answered_publishes);
+	tcase_add_test(tc, confirms_covered);
 	return unit_run("tagmap", tc, 1);
 }
