@@ -14,6 +14,11 @@
 	  "broker address HOST:PORT; repeatable: tried in order for each client")           \
 	X(UPSTREAM_RETRY_MS, "upstream_retry_ms", CFG_INT, "10000", 0, 3600000,             \
 	  "how long a broker address that failed is tried last")                            \
+	X(PROXY_PROTOCOL, "proxy_protocol", CFG_INT, "0", 0, 1,                             \
+	  "1: clients come through a load balancer that sends a PROXY protocol v1/v2 "      \
+	  "header (required)")                                                              \
+	X(UPSTREAM_PROXY_PROTOCOL, "upstream_proxy_protocol", CFG_INT, "0", 0, 1,           \
+	  "1: send the broker a PROXY protocol v2 header with the client's address")        \
 	X(RULES, "rules", CFG_STR, "", 0, 0, "rules directory (empty: none)")               \
 	X(DATA_DIR, "data_dir", CFG_STR, "/var/lib/acemq-proxy", 0, 0,                      \
 	  "directory for the proxy's own state")                                            \

@@ -9,6 +9,7 @@
  * unacknowledged inputs to the broker, which delivers them again. */
 #include "engine.h"
 
+#include "../amqp/proxyproto.h"
 #include "config.h"
 #include "ladder.h"
 #include "log.h"
@@ -89,6 +90,7 @@ static struct {
 	int ports[CONFIG_MAX_LISTEN];
 	int naddr;
 	long connect_timeout_ms, heartbeat_s;
+	int proxy_protocol; /* the broker reads a PROXY header first */
 } engine_cfg;
 
 static pthread_mutex_t engine_list_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -124,6 +126,7 @@ int engine_configure(const struct config *cfg)
 	engine_cfg.password = strdup(config_str(cfg, CFG_ENGINE_PASSWORD));
 	engine_cfg.connect_timeout_ms = config_num(cfg, CFG_CONNECT_TIMEOUT_MS);
 	engine_cfg.heartbeat_s = config_num(cfg, CFG_ENGINE_HEARTBEAT_S);
+	engine_cfg.proxy_protocol = (int)config_num(cfg, CFG_UPSTREAM_PROXY_PROTOCOL);
 	if (engine_cfg.user == NULL || engine_cfg.password == NULL)
 		return -1;
 	for (i = 0; i < engine_cfg.naddr; i++)
@@ -451,6 +454,23 @@ static const amqp_table_t *engine_client_properties(amqp_table_entry_t caps[2],
 	return table;
 }
 
+/* A broker that reads the PROXY protocol wants a header on the engine's
+ * connections too: the connection's own addresses (the proxy is the client). */
+static int engine_proxy_header(struct engine *e)
+{
+	struct sockaddr_storage src, dst;
+	socklen_t slen = sizeof(src), dlen = sizeof(dst);
+	uint8_t pp[PROXYPROTO_V2_MAX];
+	int fd = amqp_get_sockfd(e->conn);
+	size_t n;
+
+	if (getsockname(fd, (struct sockaddr *)&src, &slen) != 0 ||
+	    getpeername(fd, (struct sockaddr *)&dst, &dlen) != 0)
+		return -1;
+	n = proxyproto_write_v2(pp, (struct sockaddr *)&src, (struct sockaddr *)&dst);
+	return send(fd, pp, n, MSG_NOSIGNAL) == (ssize_t)n ? 0 : -1;
+}
+
 static int engine_connect(struct engine *e)
 {
 	struct timeval tv = {engine_cfg.connect_timeout_ms / 1000,
@@ -485,6 +505,8 @@ static int engine_connect(struct engine *e)
 	}
 	if (rc != 0)
 		goto failed;
+	if (engine_cfg.proxy_protocol && engine_proxy_header(e) != 0)
+		goto failed_conn;
 	amqp_set_handshake_timeout(e->conn, &tv);
 	amqp_set_rpc_timeout(e->conn, &rpc);
 	r = amqp_login_with_properties(

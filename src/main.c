@@ -176,6 +176,9 @@ int main(int argc, char **argv)
 	worker_settings.buffer_limit = config_num(&cfg, CFG_BUFFER_LIMIT);
 	worker_settings.max_frame_pre_tune = config_num(&cfg, CFG_MAX_FRAME_PRE_TUNE);
 	worker_settings.max_message_size = config_num(&cfg, CFG_MAX_MESSAGE_SIZE);
+	worker_settings.proxy_protocol = (int)config_num(&cfg, CFG_PROXY_PROTOCOL);
+	worker_settings.upstream_proxy_protocol =
+	    (int)config_num(&cfg, CFG_UPSTREAM_PROXY_PROTOCOL);
 	limits_init(config_num(&cfg, CFG_MAX_CONNECTIONS_PER_VHOST),
 		    config_num(&cfg, CFG_MAX_CHANNELS));
 

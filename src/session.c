@@ -5,6 +5,7 @@
 #include "../amqp/content.h"
 #include "../amqp/frame_scan.h"
 #include "../amqp/method.h"
+#include "../amqp/proxyproto.h"
 #include "limits.h"
 #include "log.h"
 #include "rules.h"
@@ -415,6 +416,13 @@ struct session *session_new(struct worker *w, int fd, const struct sockaddr *sa,
 	s->id = ++session_next_id;
 	s->w = w;
 	session_format_peer(s->peer, sizeof(s->peer), sa);
+	if (salen > 0 && (size_t)salen <= sizeof(s->peer_sa)) {
+		memcpy(&s->peer_sa, sa, (size_t)salen);
+		s->peer_salen = (socklen_t)salen;
+	}
+	s->local_salen = sizeof(s->local_sa);
+	if (getsockname(fd, (struct sockaddr *)&s->local_sa, &s->local_salen) != 0)
+		s->local_salen = 0;
 	s->frame_max = (uint32_t)worker_settings.max_frame_pre_tune;
 	s->timer = evtimer_new(w->base, session_timer_cb, s);
 	session_nodelay(fd);
@@ -466,7 +474,16 @@ static int session_connect_upstream(struct session *s)
 		return -1;
 	session_leg_setup(s, &s->upstream, tr, DIR_TO_CLIENT);
 	session_set_state(s, SESSION_CONNECTING);
-	/* The header is queued now and sent once connected. */
+	/* The header is queued now and sent once connected; before it, the
+	 * client's real address for the broker when asked for. */
+	if (worker_settings.upstream_proxy_protocol) {
+		uint8_t pp[PROXYPROTO_V2_MAX];
+		size_t pplen = proxyproto_write_v2(
+		    pp, s->peer_salen ? (struct sockaddr *)&s->peer_sa : NULL,
+		    s->local_salen ? (struct sockaddr *)&s->local_sa : NULL);
+
+		evbuffer_add(transport_output(tr), pp, pplen);
+	}
 	evbuffer_add(transport_output(tr), s->header, sizeof(s->header));
 	transport_read_enable(tr);
 	return 0;
@@ -484,12 +501,58 @@ static int session_connect_next(struct session *s)
 	return session_connect_upstream(s);
 }
 
+#define SESSION_PROXY_HEADER_MAX 4096 /* a v2 header's TLVs beyond this are refused */
+
+/* A load balancer's PROXY header, before the AMQP one: the client's real
+ * address. Returns 0 to go on, 1 to wait for more, -1 if s is gone. */
+static int session_proxy_header(struct session *s, struct evbuffer *in)
+{
+	size_t len = evbuffer_get_length(in), used = 0;
+	struct proxyproto_addr a;
+	const uint8_t *p;
+	int rc;
+
+	if (len > SESSION_PROXY_HEADER_MAX)
+		len = SESSION_PROXY_HEADER_MAX;
+	p = evbuffer_pullup(in, (ev_ssize_t)len);
+	rc = p ? proxyproto_parse(p, len, &used, &a) : PROXYPROTO_ERROR;
+	if (rc == PROXYPROTO_AGAIN && len < SESSION_PROXY_HEADER_MAX)
+		return 1;
+	if (rc != PROXYPROTO_OK) {
+		session_log(s, LOG_WARNING,
+			    "refused: no PROXY protocol header "
+			    "(proxy_protocol is on)");
+		s->w->stats.refused_proxy_protocol++;
+		session_end(s);
+		return -1;
+	}
+	evbuffer_drain(in, used);
+	s->proxied = 1;
+	if (!a.local) {
+		char was[sizeof(s->peer)];
+
+		memcpy(was, s->peer, sizeof(was));
+		memcpy(&s->peer_sa, &a.src, a.srclen);
+		s->peer_salen = a.srclen;
+		memcpy(&s->local_sa, &a.dst, a.dstlen);
+		s->local_salen = a.dstlen;
+		session_format_peer(s->peer, sizeof(s->peer), (struct sockaddr *)&a.src);
+		session_log(s, LOG_DEBUG, "PROXY header: the client is %s (via %s)", s->peer,
+			    was);
+	}
+	return 0;
+}
+
 /* The client's protocol header. Returns 0 to go on, -1 if s is gone. */
 static int session_header(struct session *s)
 {
 	struct evbuffer *in = transport_input(s->client.tr);
 	uint8_t hdr[8];
+	int rc;
 
+	if (worker_settings.proxy_protocol && !s->proxied &&
+	    (rc = session_proxy_header(s, in)) != 0)
+		return rc;
 	if (evbuffer_get_length(in) < sizeof(hdr))
 		return 1;
 	evbuffer_copyout(in, hdr, sizeof(hdr));

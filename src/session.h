@@ -42,6 +42,8 @@ struct session {
 	enum session_state state;
 	struct leg client, upstream;
 	char peer[64];
+	struct sockaddr_storage peer_sa, local_sa; /* the client's, and ours it reached */
+	socklen_t peer_salen, local_salen;
 	char vhost[128];
 	char user[128];
 	uint32_t frame_max;        /* negotiated; bounds every frame */
@@ -58,6 +60,7 @@ struct session {
 	unsigned upstream_tried;     /* broker addresses tried (a bit each) */
 	int upstream_at;             /* the one being tried or used */
 	unsigned close_seen : 1;     /* a connection.close passed through */
+	unsigned proxied : 1;        /* the load balancer's PROXY header was read */
 	unsigned logged_error : 1;
 	struct channel **chans;
 	uint32_t nchans;

@@ -13,6 +13,8 @@
 	  "client connections closed")                                                    \
 	X(connections_refused, "acemq_proxy_connections_refused_total",                   \
 	  "reason=\"protocol_header\"", "connections refused, by reason")                 \
+	X(refused_proxy_protocol, "acemq_proxy_connections_refused_total",                \
+	  "reason=\"proxy_protocol\"", "connections refused, by reason")                  \
 	X(refused_max_connections, "acemq_proxy_connections_refused_total",               \
 	  "reason=\"max_connections\"", "connections refused, by reason")                 \
 	X(refused_max_connections_per_vhost, "acemq_proxy_connections_refused_total",     \

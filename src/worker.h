@@ -23,6 +23,8 @@ struct worker_settings {
 	long buffer_limit;
 	long max_frame_pre_tune;
 	long max_message_size;
+	int proxy_protocol;          /* a PROXY header comes before the AMQP one */
+	int upstream_proxy_protocol; /* send the broker a PROXY v2 header */
 	/* How the broker leg connects (NULL: transport_connect); a seam for
 	 * the session fuzzer. */
 	struct transport *(*connect)(struct event_base *base, const struct sockaddr *sa,
