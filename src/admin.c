@@ -5,6 +5,7 @@
 #include "engine.h"
 #include "log.h"
 #include "rules.h"
+#include "session.h"
 #include "stats.h"
 #include "store/claims.h"
 #include "store/state.h"
@@ -14,9 +15,11 @@
 
 #include <event2/buffer.h>
 #include <event2/http.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static struct evhttp *admin_http;
 static const struct config *admin_cfg;
@@ -185,6 +188,126 @@ static void admin_other(struct evhttp_request *req, void *arg)
 	out = evbuffer_new();
 	evbuffer_add_printf(out, "not found\n");
 	evhttp_send_reply(req, 404, "Not Found", out);
+	evbuffer_free(out);
+}
+
+/* GET /connections: a row per client, each worker describing its own
+ * sessions on its own thread; a worker that does not answer within a
+ * second (it is draining, or stuck) is left out and named. */
+struct admin_conns {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	struct evbuffer *rows;
+	int pending, refs, nrows;
+};
+
+struct admin_snap {
+	struct worker_call call; /* first */
+	struct worker *w;
+	struct admin_conns *all;
+};
+
+static void admin_conns_unref(struct admin_conns *all)
+{
+	int last;
+
+	pthread_mutex_lock(&all->lock);
+	last = --all->refs == 0;
+	pthread_mutex_unlock(&all->lock);
+	if (!last)
+		return;
+	evbuffer_free(all->rows);
+	pthread_cond_destroy(&all->cond);
+	pthread_mutex_destroy(&all->lock);
+	free(all);
+}
+
+static void admin_snap_run(struct worker_call *c)
+{
+	struct admin_snap *snap = (struct admin_snap *)c;
+	struct admin_conns *all = snap->all;
+	struct evbuffer *mine = evbuffer_new();
+	struct session *s;
+	int n = 0;
+
+	for (s = snap->w->sessions; mine && s; s = s->next) {
+		if (s->state == SESSION_GONE)
+			continue;
+		evbuffer_add_printf(mine, "\n    ");
+		session_describe(s, mine);
+		evbuffer_add_printf(mine, ",");
+		n++;
+	}
+	pthread_mutex_lock(&all->lock);
+	if (mine)
+		evbuffer_add_buffer(all->rows, mine);
+	all->nrows += n;
+	all->pending--;
+	pthread_cond_signal(&all->cond);
+	pthread_mutex_unlock(&all->lock);
+	if (mine)
+		evbuffer_free(mine);
+	admin_conns_unref(all);
+	free(snap);
+}
+
+static void admin_connections(struct evhttp_request *req, void *arg)
+{
+	struct admin_conns *all;
+	struct evbuffer *out;
+	struct timespec until;
+	size_t len;
+	int i, missing;
+
+	if (admin_deny(req))
+		return;
+	if ((all = calloc(1, sizeof(*all))) == NULL || (all->rows = evbuffer_new()) == NULL) {
+		free(all);
+		evhttp_send_error(req, 500, "out of memory");
+		return;
+	}
+	pthread_mutex_init(&all->lock, NULL);
+	pthread_cond_init(&all->cond, NULL);
+	all->refs = 1;
+	for (i = 0; i < admin_nworkers; i++) {
+		struct admin_snap *snap = calloc(1, sizeof(*snap));
+
+		if (snap == NULL)
+			continue;
+		snap->call.fn = admin_snap_run;
+		snap->w = &admin_workers[i];
+		snap->all = all;
+		pthread_mutex_lock(&all->lock);
+		all->pending++;
+		all->refs++;
+		pthread_mutex_unlock(&all->lock);
+		worker_post(&admin_workers[i], &snap->call);
+	}
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += 1;
+	out = evbuffer_new();
+	pthread_mutex_lock(&all->lock);
+	while (all->pending > 0 && pthread_cond_timedwait(&all->cond, &all->lock, &until) == 0)
+		;
+	missing = all->pending;
+	evbuffer_add_printf(out,
+			    "{\n  \"connections\": %d,\n  \"workers_not_answering\": %d,"
+			    "\n  \"rows\": [",
+			    all->nrows, missing);
+	len = evbuffer_get_length(all->rows);
+	if (len > 0) {
+		const char *text = (const char *)evbuffer_pullup(all->rows, -1);
+
+		/* Every row ends with a comma; the last one's goes. */
+		evbuffer_add(out, text, text[len - 1] == ',' ? len - 1 : len);
+		evbuffer_add_printf(out, "\n  ");
+	}
+	evbuffer_add_printf(out, "]\n}\n");
+	pthread_mutex_unlock(&all->lock);
+	admin_conns_unref(all);
+	evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
+			  "application/json");
+	evhttp_send_reply(req, 200, "OK", out);
 	evbuffer_free(out);
 }
 
@@ -467,6 +590,7 @@ int admin_open(struct event_base *base, const char *addr, const struct config *c
 	evhttp_set_cb(admin_http, "/readyz", admin_ready, NULL);
 	evhttp_set_cb(admin_http, "/rules", admin_rules, NULL);
 	evhttp_set_cb(admin_http, "/reload", admin_reload, NULL);
+	evhttp_set_cb(admin_http, "/connections", admin_connections, NULL);
 	evhttp_set_gencb(admin_http, admin_other, NULL);
 	log_info("admin endpoint on %s", addr);
 	return 0;

@@ -415,6 +415,7 @@ struct session *session_new(struct worker *w, int fd, const struct sockaddr *sa,
 	}
 	s->id = ++session_next_id;
 	s->w = w;
+	s->opened = time(NULL);
 	session_format_peer(s->peer, sizeof(s->peer), sa);
 	if (salen > 0 && (size_t)salen <= sizeof(s->peer_sa)) {
 		memcpy(&s->peer_sa, sa, (size_t)salen);
@@ -1640,6 +1641,48 @@ int session_complete(struct session *s, void (*fn)(struct session *s, void *arg)
 	}
 	session_leave(s);
 	return ran;
+}
+
+static void session_json_string(struct evbuffer *out, const char *v)
+{
+	evbuffer_add(out, "\"", 1);
+	for (; *v; v++) {
+		if (*v == '"' || *v == '\\')
+			evbuffer_add_printf(out, "\\%c", *v);
+		else if ((unsigned char)*v < 0x20)
+			evbuffer_add_printf(out, "\\u%04x", (unsigned char)*v);
+		else
+			evbuffer_add(out, v, 1);
+	}
+	evbuffer_add(out, "\"", 1);
+}
+
+void session_describe(struct session *s, struct evbuffer *out)
+{
+	static const char *const states[] = {"header",  "connecting", "handshake", "open",
+					     "closing", "flushing",   "gone"};
+	uint64_t cin = 0, cout = 0, bin = 0, bout = 0;
+
+	if (s->client.tr)
+		transport_bytes(s->client.tr, &cin, &cout);
+	if (s->upstream.tr)
+		transport_bytes(s->upstream.tr, &bin, &bout);
+	evbuffer_add_printf(out, "{\"id\": %llu, \"address\": ", (unsigned long long)s->id);
+	session_json_string(out, s->peer);
+	evbuffer_add_printf(out, ", \"vhost\": ");
+	session_json_string(out, s->vhost);
+	evbuffer_add_printf(out, ", \"user\": ");
+	session_json_string(out, s->user);
+	evbuffer_add_printf(out,
+			    ", \"state\": \"%s\", \"channels\": %u, \"broker\": \"%s\", "
+			    "\"bytes_from_client\": %llu, \"bytes_to_client\": %llu, "
+			    "\"bytes_to_broker\": %llu, \"bytes_from_broker\": %llu, "
+			    "\"age_s\": %lld, \"worker\": %d}",
+			    states[s->state], s->nopen,
+			    s->upstream.tr ? upstream_node(s->upstream_at)->name : "",
+			    (unsigned long long)cin, (unsigned long long)cout,
+			    (unsigned long long)bout, (unsigned long long)bin,
+			    (long long)(time(NULL) - s->opened), s->w->index);
 }
 
 void session_rules_changed(struct session *s)

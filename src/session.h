@@ -8,6 +8,7 @@
 
 #include <stdint.h>
 #include <sys/socket.h>
+#include <time.h>
 
 struct transport;
 struct event;
@@ -42,6 +43,7 @@ struct session {
 	enum session_state state;
 	struct leg client, upstream;
 	char peer[64];
+	time_t opened;                             /* accepted at (wall clock) */
 	struct sockaddr_storage peer_sa, local_sa; /* the client's, and ours it reached */
 	socklen_t peer_salen, local_salen;
 	char vhost[128];
@@ -106,6 +108,8 @@ void session_rules_changed(struct session *s);
 
 struct evbuffer *session_out(struct session *s, enum chan_dir dir);
 struct channel *session_channel(struct session *s, uint16_t id);
+/* One row of GET /connections, as a JSON object, on the session's worker. */
+void session_describe(struct session *s, struct evbuffer *out);
 /* The rules for the session's vhost as of now, or NULL. */
 const struct rules_vhost *session_rules(struct session *s);
 

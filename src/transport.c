@@ -31,6 +31,7 @@ struct transport {
 	unsigned connecting : 1;
 	unsigned timeout_set : 1;
 	unsigned dead : 1; /* EOF or error seen: no more I/O */
+	uint64_t bytes_in, bytes_out;
 };
 
 static void transport_arm_read(struct transport *t)
@@ -99,6 +100,7 @@ static void transport_read(struct transport *t)
 		if (v[0].iov_len + (n > 1 ? v[1].iov_len : 0) < TRANSPORT_READ_CHUNK)
 			break;
 	}
+	t->bytes_in += total;
 	if (total && t->read_cb)
 		t->read_cb(t, t->arg); /* may free t when eof or err is 0 */
 	else if (eof)
@@ -136,6 +138,7 @@ static void transport_write(struct transport *t)
 		}
 		if (n == 0)
 			break;
+		t->bytes_out += (uint64_t)n;
 	}
 	if (evbuffer_get_length(t->out) > 0) {
 		if (!t->write_waiting) {
@@ -315,6 +318,12 @@ void transport_setcb(struct transport *t, transport_cb read, transport_cb draine
 	t->drained_cb = drained;
 	t->event_cb = event;
 	t->arg = arg;
+}
+
+void transport_bytes(const struct transport *t, uint64_t *in, uint64_t *out)
+{
+	*in = t->bytes_in;
+	*out = t->bytes_out;
 }
 
 struct evbuffer *transport_input(struct transport *t)

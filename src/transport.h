@@ -7,6 +7,7 @@
 
 #include <event2/util.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/socket.h>
 
 struct event_base;
@@ -42,6 +43,8 @@ void transport_free(struct transport *t);
 void transport_setcb(struct transport *t, transport_cb read, transport_cb drained,
 		     transport_event_cb event, void *arg);
 struct evbuffer *transport_input(struct transport *t);
+/* Bytes read from and written to the socket so far. */
+void transport_bytes(const struct transport *t, uint64_t *in, uint64_t *out);
 struct evbuffer *transport_output(struct transport *t);
 evutil_socket_t transport_fd(struct transport *t);
 

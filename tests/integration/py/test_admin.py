@@ -91,3 +91,48 @@ def test_admin_off_loopback_needs_a_token(rabbitmq):
                          timeout=20)
     assert out.returncode != 0
     assert "no admin_token is set" in out.stderr
+
+
+def test_connections_lists_every_client(rabbitmq):
+    """GET /connections: one row per client with its address, vhost, user,
+    channels, bytes each way and age (pgbouncer's SHOW CLIENTS)."""
+    import pika
+
+    admin = support.free_port()
+    p = ProxyProcess("acemq-proxy-conns", PROXY_BIN, support.BROKER_PORT,
+                     extra_args=["--admin", "127.0.0.1:%d" % admin, "--workers", "2"])
+    p.start()
+    conns = []
+    try:
+        for _ in range(3):
+            c = pika.BlockingConnection(pika.ConnectionParameters(support.HOST, p.listen_port))
+            conns.append(c)
+        ch = conns[0].channel()
+        conns[0].channel()
+        q = support.unique_name("acemq-conns")
+        ch.queue_declare(q, auto_delete=True)
+        ch.basic_publish("", q, b"x" * 10000)
+        silent = socket.create_connection((support.HOST, p.listen_port), timeout=5)
+        time.sleep(0.3)
+        code, text = get(admin, "/connections")
+        assert code == 200, text
+        doc = json.loads(text)
+        assert doc["workers_not_answering"] == 0
+        assert len({r["id"] for r in doc["rows"]}) == 4
+        assert doc["connections"] == len(doc["rows"]) == 4
+        opened = [r for r in doc["rows"] if r["state"] == "open"]
+        assert len(opened) == 3
+        for r in opened:
+            assert r["vhost"] == "/" and r["user"] == "guest"
+            assert r["bytes_from_client"] > 0 and r["bytes_to_client"] > 0
+            assert r["bytes_to_broker"] > 0 and r["bytes_from_broker"] > 0
+            assert r["age_s"] >= 0 and r["broker"]
+        busiest = max(opened, key=lambda r: r["bytes_from_client"])
+        assert busiest["channels"] == 2
+        assert busiest["bytes_from_client"] > 10000
+        assert [r["state"] for r in doc["rows"]].count("header") == 1
+        silent.close()
+    finally:
+        for c in conns:
+            support.safe_close(c)
+        p.stop()
