@@ -1,5 +1,5 @@
-/* vstats: counters per vhost and queue (the idempotency answers), one
- * X-macro list for storage, /stats and /metrics. */
+/* vstats: counters per vhost and queue (the idempotency answers) and per
+ * vhost (publish dedup), one X-macro list for storage, /stats and /metrics. */
 #include "vstats.h"
 
 #include <event2/buffer.h>
@@ -8,7 +8,7 @@
 #include <string.h>
 
 struct vstats {
-	char *vhost, *queue;
+	char *vhost, *queue;      /* queue NULL: the vhost's own counters */
 	uint64_t v[VSTATS_COUNT]; /* atomic */
 	struct vstats *next;
 };
@@ -22,12 +22,13 @@ struct vstats *vstats_get(const char *vhost, const char *queue)
 
 	pthread_mutex_lock(&vstats_lock);
 	for (v = vstats_list; v; v = v->next)
-		if (strcmp(v->vhost, vhost) == 0 && strcmp(v->queue, queue) == 0)
+		if (strcmp(v->vhost, vhost) == 0 &&
+		    (queue ? v->queue && strcmp(v->queue, queue) == 0 : v->queue == NULL))
 			break;
 	if (v == NULL && (v = calloc(1, sizeof(*v))) != NULL) {
 		v->vhost = strdup(vhost);
-		v->queue = strdup(queue);
-		if (v->vhost == NULL || v->queue == NULL) {
+		v->queue = queue ? strdup(queue) : NULL;
+		if (v->vhost == NULL || (queue && v->queue == NULL)) {
 			free(v->vhost);
 			free(v->queue);
 			free(v);
@@ -62,6 +63,10 @@ static void vstats_escaped(struct evbuffer *out, const char *s, int json)
 	}
 }
 
+/* Whether a row holds the counters of a scope: Q rows name a queue. */
+#define VSTATS_IN_Q(v) ((v)->queue != NULL)
+#define VSTATS_IN_V(v) ((v)->queue == NULL)
+
 void vstats_json(struct evbuffer *out)
 {
 	struct vstats *v;
@@ -72,13 +77,17 @@ void vstats_json(struct evbuffer *out)
 	for (v = vstats_list; v; v = v->next) {
 		evbuffer_add_printf(out, "%s\n    {\"vhost\": \"", first ? "" : ",");
 		vstats_escaped(out, v->vhost, 1);
-		evbuffer_add_printf(out, "\", \"queue\": \"");
-		vstats_escaped(out, v->queue, 1);
 		evbuffer_add_printf(out, "\"");
-#define VSTATS_JSON(name, metric, labels, help) \
-	evbuffer_add_printf(                    \
-	    out, ", \"%s\": %llu", #name,       \
-	    (unsigned long long)__atomic_load_n(&v->v[VSTATS_##name], __ATOMIC_RELAXED));
+		if (v->queue) {
+			evbuffer_add_printf(out, ", \"queue\": \"");
+			vstats_escaped(out, v->queue, 1);
+			evbuffer_add_printf(out, "\"");
+		}
+#define VSTATS_JSON(name, scope, metric, labels, help)                                        \
+	if (VSTATS_IN_##scope(v))                                                             \
+		evbuffer_add_printf(out, ", \"%s\": %llu", #name,                             \
+				    (unsigned long long)__atomic_load_n(&v->v[VSTATS_##name], \
+									__ATOMIC_RELAXED));
 		VSTATS_COUNTERS(VSTATS_JSON)
 #undef VSTATS_JSON
 		evbuffer_add_printf(out, "}");
@@ -92,27 +101,31 @@ void vstats_metrics(struct evbuffer *out)
 {
 	struct vstats *v;
 	const char *family = "";
+	int any;
 
 	pthread_mutex_lock(&vstats_lock);
-	if (vstats_list == NULL)
-		goto out;
-#define VSTATS_METRIC(name, metric, labels, help)                                             \
-	if (strcmp(family, metric) != 0) {                                                    \
+#define VSTATS_METRIC(name, scope, metric, labels, help)                                      \
+	for (any = 0, v = vstats_list; v && !any; v = v->next)                                \
+		any = VSTATS_IN_##scope(v);                                                   \
+	if (any && strcmp(family, metric) != 0) {                                             \
 		family = metric;                                                              \
 		evbuffer_add_printf(out, "# HELP %s %s\n# TYPE %s counter\n", metric, help,   \
 				    metric);                                                  \
 	}                                                                                     \
 	for (v = vstats_list; v; v = v->next) {                                               \
+		if (!VSTATS_IN_##scope(v))                                                    \
+			continue;                                                             \
 		evbuffer_add_printf(out, "%s{vhost=\"", metric);                              \
 		vstats_escaped(out, v->vhost, 0);                                             \
-		evbuffer_add_printf(out, "\",queue=\"");                                      \
-		vstats_escaped(out, v->queue, 0);                                             \
+		if (v->queue) {                                                               \
+			evbuffer_add_printf(out, "\",queue=\"");                              \
+			vstats_escaped(out, v->queue, 0);                                     \
+		}                                                                             \
 		evbuffer_add_printf(out, "\"%s%s} %llu\n", labels[0] ? "," : "", labels,      \
 				    (unsigned long long)__atomic_load_n(&v->v[VSTATS_##name], \
 									__ATOMIC_RELAXED));   \
 	}
 	VSTATS_COUNTERS(VSTATS_METRIC)
 #undef VSTATS_METRIC
-out:
 	pthread_mutex_unlock(&vstats_lock);
 }

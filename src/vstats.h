@@ -1,6 +1,7 @@
-/* vstats: counters per vhost and queue (the idempotency answers), one
- * X-macro list for storage, /stats and /metrics:
- * X(field, Prometheus metric, its labels, help). */
+/* vstats: counters per vhost and queue (the idempotency answers) and per
+ * vhost (publish dedup), one X-macro list for storage, /stats and /metrics:
+ * X(field, scope, Prometheus metric, its labels, help); scope Q counts per
+ * vhost and queue, V per vhost. */
 #ifndef ACEMQ_VSTATS_H
 #define ACEMQ_VSTATS_H
 
@@ -8,25 +9,29 @@
 
 struct evbuffer;
 
-#define VSTATS_COUNTERS(X)                                                                 \
-	X(claimed, "acemq_proxy_idempotency_queue_total", "answer=\"claimed\"",            \
-	  "deliveries by the idempotency answer, per vhost and queue")                     \
-	X(duplicate, "acemq_proxy_idempotency_queue_total", "answer=\"duplicate\"",        \
-	  "deliveries by the idempotency answer, per vhost and queue")                     \
-	X(in_progress, "acemq_proxy_idempotency_queue_total", "answer=\"in_progress\"",    \
-	  "deliveries by the idempotency answer, per vhost and queue")                     \
-	X(no_key, "acemq_proxy_idempotency_queue_total", "answer=\"no_key\"",              \
-	  "deliveries by the idempotency answer, per vhost and queue")                     \
-	X(put_back, "acemq_proxy_idempotency_queue_put_back_total", "how=\"republished\"", \
-	  "in-progress deliveries put back, per vhost and queue, by how")                  \
-	X(requeued, "acemq_proxy_idempotency_queue_put_back_total", "how=\"requeued\"",    \
-	  "in-progress deliveries put back, per vhost and queue, by how")                  \
-	X(leases_expired, "acemq_proxy_idempotency_queue_leases_expired_total", "",        \
-	  "claims taken over because the previous holder's lease ran out, per vhost and "  \
-	  "queue")
+#define VSTATS_COUNTERS(X)                                                                     \
+	X(claimed, Q, "acemq_proxy_idempotency_queue_total", "answer=\"claimed\"",             \
+	  "deliveries by the idempotency answer, per vhost and queue")                         \
+	X(duplicate, Q, "acemq_proxy_idempotency_queue_total", "answer=\"duplicate\"",         \
+	  "deliveries by the idempotency answer, per vhost and queue")                         \
+	X(in_progress, Q, "acemq_proxy_idempotency_queue_total", "answer=\"in_progress\"",     \
+	  "deliveries by the idempotency answer, per vhost and queue")                         \
+	X(no_key, Q, "acemq_proxy_idempotency_queue_total", "answer=\"no_key\"",               \
+	  "deliveries by the idempotency answer, per vhost and queue")                         \
+	X(put_back, Q, "acemq_proxy_idempotency_queue_put_back_total", "how=\"republished\"",  \
+	  "in-progress deliveries put back, per vhost and queue, by how")                      \
+	X(requeued, Q, "acemq_proxy_idempotency_queue_put_back_total", "how=\"requeued\"",     \
+	  "in-progress deliveries put back, per vhost and queue, by how")                      \
+	X(leases_expired, Q, "acemq_proxy_idempotency_queue_leases_expired_total", "",         \
+	  "claims taken over because the previous holder's lease ran out, per vhost and "      \
+	  "queue")                                                                             \
+	X(dedup_first, V, "acemq_proxy_dedup_publish_vhost_total", "answer=\"first\"",         \
+	  "publishes under publish dedup, per vhost, by answer")                               \
+	X(dedup_duplicate, V, "acemq_proxy_dedup_publish_vhost_total", "answer=\"duplicate\"", \
+	  "publishes under publish dedup, per vhost, by answer")
 
 enum vstats_counter {
-#define VSTATS_ENUM(name, metric, labels, help) VSTATS_##name,
+#define VSTATS_ENUM(name, scope, metric, labels, help) VSTATS_##name,
 	VSTATS_COUNTERS(VSTATS_ENUM)
 #undef VSTATS_ENUM
 	    VSTATS_COUNT
@@ -34,8 +39,9 @@ enum vstats_counter {
 
 struct vstats;
 
-/* The counters of (vhost, queue), created on first use; the pointer stays
- * valid until exit. NULL only when out of memory. */
+/* The counters of (vhost, queue), or of the vhost with queue NULL, created
+ * on first use; the pointer stays valid until exit. NULL only when out of
+ * memory. */
 struct vstats *vstats_get(const char *vhost, const char *queue);
 void vstats_add(struct vstats *v, enum vstats_counter which);
 

@@ -19,6 +19,7 @@
 #include "../rules.h"
 #include "../session.h"
 #include "../store/idem.h"
+#include "../vstats.h"
 #include "../worker.h"
 #include "reply_to.h"
 
@@ -364,6 +365,7 @@ static enum pipe_verdict dedup_publish_answer(struct dedup_publish_entry *e, str
 	switch (e->answer) {
 	case IDEM_DUPLICATE:
 		s->w->stats.dedup_duplicate++;
+		vstats_add(vstats_get(s->vhost, NULL), VSTATS_dedup_duplicate);
 		session_log(s, LOG_DEBUG, "dedup_publish: a duplicate on channel %u answered",
 			    ch->id);
 		e->m = NULL;
@@ -396,6 +398,7 @@ static enum pipe_verdict dedup_publish_answer(struct dedup_publish_entry *e, str
 	default:
 		/* Reserved: passed on (other hooks may still have their say). */
 		s->w->stats.dedup_first++;
+		vstats_add(vstats_get(s->vhost, NULL), VSTATS_dedup_first);
 		e->phase = PHASE_PASSED;
 		return PIPE_PASS;
 	}

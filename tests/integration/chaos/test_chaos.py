@@ -75,8 +75,16 @@ def session_script(rng):
         out += wire.method_frame(ch, wire.CONFIRM_SELECT, b"\x00")
     for _ in range(rng.randrange(4)):
         body = bytes(rng.randrange(256) for _ in range(rng.randrange(300)))
-        props = {"reply_to": "chaos-replies"} if rng.random() < 0.5 else None
-        out += wire.publish_frames(ch, "acemq-chaos-nowhere", body, 131072, props)
+        props = {"reply_to": "chaos-replies"} if rng.random() < 0.5 else {}
+        # the schedule rule's delay, and the publish-dedup header, at times
+        headers = {}
+        if rng.random() < 0.3:
+            headers["x-delay"] = rng.choice([1, 700, "soon", -5])
+        if rng.random() < 0.3:
+            headers["x-deduplication-header"] = "d%d" % rng.randrange(4)
+        if headers:
+            props["headers"] = headers
+        out += wire.publish_frames(ch, "acemq-chaos-nowhere", body, 131072, props or None)
     return out + CLOSE
 
 
@@ -191,15 +199,21 @@ def test_chaos():
         # pipeline under fire.
         # and every delivery to the good consumers is claimed and every ack
         # confirmed (their message-ids are unique: all must arrive once).
+        # The misbehaving clients' publishes may carry x-delay (the schedule
+        # rule, with the engine running) and a publish-dedup header.
         f.write('{"vhost": "/", "reply_to": {"enabled": true}, "claim_check": '
                 '{"match": [{"exchange": ""}], "threshold": 60000}, "idempotency": '
-                '[{"queue": "%s", "key": "message-id"}]}' % CHAOS_QUEUE)
+                '[{"queue": "%s", "key": "message-id"}], '
+                '"schedule": {"match": [{"exchange": "", "routing_key": "acemq-chaos-nowhere"}]}, '
+                '"dedup_publish": {"match": [{"exchange": "", "routing_key": '
+                '"acemq-chaos-nowhere"}], "window_s": 5}}' % CHAOS_QUEUE)
     log = tempfile.NamedTemporaryFile("w+", prefix="acemq-chaos-", suffix=".log", delete=False)
     port, admin = free_port(), free_port()
     proc = subprocess.Popen([PROXY, "--listen", "127.0.0.1:%d" % port, "--upstream", "127.0.0.1:5672",
                              "--admin", "127.0.0.1:%d" % admin,
                              "--rules", rules, "--data-dir", os.path.join(rules, "data"),
-                             "--log-level", "warning", "--handshake-timeout-ms", "3000"],
+                             "--log-level", "warning", "--handshake-timeout-ms", "3000",
+                             "--engine-user", "guest", "--engine-password", "guest"],
                             stderr=log)
     try:
         deadline = time.monotonic() + 10

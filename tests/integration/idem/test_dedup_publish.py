@@ -123,6 +123,11 @@ def stats(p):
         return json.loads(r.read().decode())
 
 
+def vhost_stats(p, vhost=VHOST):
+    rows = [r for r in stats(p)["queues"] if r["vhost"] == vhost and "queue" not in r]
+    return rows[0] if rows else {"dedup_first": 0, "dedup_duplicate": 0}
+
+
 def confirmed_channel(p, vhost=VHOST):
     c = connect(p.port, vhost)
     ch = c.channel()
@@ -140,6 +145,7 @@ def test_rules_view(dd):
 def test_repeat_within_window_confirmed_not_delivered(dd):
     q, v = queue(), uuid.uuid4().hex
     before = stats(dd)
+    vbefore = vhost_stats(dd)
     c, ch = confirmed_channel(dd)
     for i in range(4):
         ch.basic_publish(EX, q, b"m%d" % i, hdr(v))  # each one confirmed (acked)
@@ -151,6 +157,9 @@ def test_repeat_within_window_confirmed_not_delivered(dd):
     assert after["dedup_duplicate"] - before["dedup_duplicate"] == 3
     assert after["dedup_first"] - before["dedup_first"] == 1
     assert after["publishes_answered"] - before["publishes_answered"] == 3
+    vafter = vhost_stats(dd)  # the same, counted for the vhost
+    assert vafter["dedup_duplicate"] - vbefore["dedup_duplicate"] == 3
+    assert vafter["dedup_first"] - vbefore["dedup_first"] == 1
 
 
 def test_different_values_and_integer_values(dd):
