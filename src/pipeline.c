@@ -653,6 +653,15 @@ void pipeline_settled(struct session *s, struct channel *ch, amqp_method_number_
 			s->hooks[i]->settle(s->hook_state[i], s, ch, how, broker_tag);
 }
 
+void pipeline_held_input(struct session *s, int from)
+{
+	int i;
+
+	for (i = 0; i < s->nhooks; i++)
+		if (s->hooks[i]->held_input)
+			s->hooks[i]->held_input(s->hook_state[i], s, from);
+}
+
 void pipeline_drained(struct session *s)
 {
 	int i;

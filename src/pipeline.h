@@ -97,6 +97,10 @@ struct pipe_hook {
 			   amqp_method_number_t how, uint64_t client_tag, int multiple);
 	/* basic.recover: the broker redelivers what is unacked on ch. */
 	void (*recovered)(void *state, struct session *s, struct channel *ch);
+	/* New input arrived on a leg held for a waiting message (from: the
+	 * direction it reads): a hook that batches store work may look ahead
+	 * again, so what arrived joins the next commit. */
+	void (*held_input)(void *state, struct session *s, int from);
 	/* A publish that was assembled is disposed of: forwarded to the
 	 * broker (forwarded 1; broker_seq is its confirm sequence number
 	 * there when its channel is in confirm mode, else 0), or not
@@ -174,6 +178,7 @@ void pipeline_settled(struct session *s, struct channel *ch, amqp_method_number_
 void pipeline_channel_closed(struct session *s, struct channel *ch);
 void pipeline_drained(struct session *s);
 void pipeline_recovered(struct session *s, struct channel *ch);
+void pipeline_held_input(struct session *s, int from);
 /* Whether a hook follows the broker's confirms of forwarded publishes. */
 int pipeline_publish_watched(const struct session *s);
 void pipeline_publish_settled(struct session *s, struct channel *ch, uint64_t broker_seq,

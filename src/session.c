@@ -1546,7 +1546,10 @@ static void session_event(struct session *s, struct leg *l, enum session_event e
 	if (session_accepts(s, l, ev)) {
 		switch (ev) {
 		case SEV_READ:
-			session_pump(s, l);
+			if (l->held && s->state == SESSION_OPEN)
+				pipeline_held_input(s, (int)l->dir);
+			if (s->state != SESSION_GONE && l->tr)
+				session_pump(s, l);
 			break;
 		case SEV_DRAINED:
 			session_drained(s, l);

@@ -772,6 +772,22 @@ static enum pipe_verdict idempotency_message(void *state, struct session *s, str
 	return PIPE_WAIT;
 }
 
+/* More of the broker's deliveries (or the client's settles) arrived while
+ * one waits: their claims (confirms) join the commit about to be made. */
+static void idempotency_held_input(void *state, struct session *s, int from)
+{
+	struct idempotency *st = state;
+	struct idempotency_ahead a;
+
+	memset(&a, 0, sizeof(a));
+	a.st = st;
+	a.s = s;
+	if (from == DIR_TO_CLIENT)
+		session_lookahead(s, DIR_TO_CLIENT, idempotency_ahead_delivery, &a);
+	else if (st->gate_waiting)
+		session_lookahead(s, DIR_TO_BROKER, idempotency_ahead_settle, &a);
+}
+
 static int idempotency_settle_gate(void *state, struct session *s, struct channel *ch,
 				   amqp_method_number_t how, uint64_t client_tag, int multiple)
 {
@@ -843,6 +859,7 @@ static const struct pipe_hook idempotency_hook = {
     .settle_gate = idempotency_settle_gate,
     .channel_closed = idempotency_channel_gone,
     .recovered = idempotency_channel_gone,
+    .held_input = idempotency_held_input,
 };
 
 void idempotency_register(void)
