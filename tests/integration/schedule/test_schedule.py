@@ -358,3 +358,33 @@ def test_engine_survives_a_broker_restart(proxy, target):
     assert [b for _, _, b in got] == [b"durable"]
     assert got[0][0] - t0 >= 6.0
     assert proxy.engine()["connects"] > before
+
+
+def test_reload_starts_and_stops_the_scheduler(proxy):
+    """A rules reload that turns "engine" on makes the proxy consume the
+    control queue; turning it off again stops it."""
+    import signal
+
+    def consumers():
+        out = support.rabbitmqctl("list_queues", "name", "consumers").stdout
+        for line in out.splitlines():
+            parts = line.split("\t")
+            if parts[0] == "acemq.schedule.due":
+                return int(parts[1])
+        return -1
+
+    rules = tempfile.mkdtemp(prefix="acemq-sched-reload-")
+    write_rules(rules, engine=False)
+    p = Proxy(rules, tempfile.mkdtemp(prefix="acemq-sched-reload-data-"))
+    try:
+        support.wait_until(lambda: p.engine().get("ladder_ready") == 1, 20)
+        base = consumers()
+        write_rules(rules, engine=True)
+        p.proc.send_signal(signal.SIGHUP)
+        assert support.wait_until(lambda: consumers() == base + 1, 15), (base, consumers())
+        write_rules(rules, engine=False)
+        p.proc.send_signal(signal.SIGHUP)
+        assert support.wait_until(lambda: consumers() == base, 15), (base, consumers())
+        assert p.engine()["failures"] == 0
+    finally:
+        check_stopped(p)
