@@ -9,6 +9,7 @@
 #include "limits.h"
 #include "log.h"
 #include "rules.h"
+#include "settle.h"
 #include "upstream.h"
 #include "worker.h"
 
@@ -641,81 +642,6 @@ static void session_forward(struct session *s, struct leg *from, size_t len)
 		evbuffer_drain(in, len);
 }
 
-struct session_emit {
-	struct evbuffer *out;
-	uint16_t channel;
-	amqp_method_number_t id;
-	int requeue;
-};
-
-static void session_emit_settle(void *arg, uint64_t tag, int multiple)
-{
-	struct session_emit *e = arg;
-
-	if (e->id == AMQP_BASIC_ACK_METHOD) {
-		method_write_basic_ack(e->out, e->channel, tag, multiple);
-	} else if (e->id == AMQP_BASIC_NACK_METHOD) {
-		amqp_basic_nack_t m = {tag, (amqp_boolean_t)multiple,
-				       (amqp_boolean_t)e->requeue};
-
-		method_write(e->out, e->channel, AMQP_BASIC_NACK_METHOD, &m);
-	} else {
-		amqp_basic_reject_t m = {tag, (amqp_boolean_t)e->requeue};
-
-		method_write(e->out, e->channel, AMQP_BASIC_REJECT_METHOD, &m);
-	}
-}
-
-struct session_settle_note {
-	struct session *s;
-	struct channel *ch;
-	struct session_emit e;
-};
-
-static void session_emit_settle_noted(void *arg, uint64_t tag, int multiple)
-{
-	struct session_settle_note *n = arg;
-
-	session_emit_settle(&n->e, tag, multiple);
-	pipeline_settled(n->s, n->ch, n->e.id, tag);
-}
-
-/* A client's ack, nack or reject on a channel whose tags are mapped. */
-static int session_client_settle(struct session *s, struct channel *ch, amqp_method_number_t id,
-				 void *decoded)
-{
-	struct session_settle_note n = {s, ch, {session_out(s, DIR_TO_BROKER), ch->id, id, 0}};
-	uint64_t tag;
-	int multiple = 0;
-	char why[96];
-
-	if (id == AMQP_BASIC_ACK_METHOD) {
-		amqp_basic_ack_t *m = decoded;
-
-		tag = m->delivery_tag;
-		multiple = m->multiple;
-	} else if (id == AMQP_BASIC_NACK_METHOD) {
-		amqp_basic_nack_t *m = decoded;
-
-		tag = m->delivery_tag;
-		multiple = m->multiple;
-		n.e.requeue = m->requeue;
-	} else {
-		amqp_basic_reject_t *m = decoded;
-
-		tag = m->delivery_tag;
-		n.e.requeue = m->requeue;
-	}
-	if (tagmap_settle(&ch->tags, tag, multiple, session_emit_settle_noted, &n) != 0) {
-		/* What the broker says for a tag it does not know. */
-		snprintf(why, sizeof(why), "PRECONDITION_FAILED - unknown delivery tag %llu",
-			 (unsigned long long)tag);
-		session_channel_error(s, ch, REPLY_PRECONDITION_FAILED, why,
-				      (uint16_t)(id >> 16), (uint16_t)id);
-	}
-	return 0;
-}
-
 void session_channel_error(struct session *s, struct channel *ch, uint16_t code,
 			   const char *text, uint16_t class_id, uint16_t method_id)
 {
@@ -738,49 +664,6 @@ void session_channel_error(struct session *s, struct channel *ch, uint16_t code,
 		method_write_channel_close(to_broker, ch->id, code, text, class_id, method_id);
 	ch->proxy_closing =
 	    (to_client ? CHAN_CLOSING_CLIENT : 0) | (to_broker ? CHAN_CLOSING_BROKER : 0);
-}
-
-struct session_confirm_note {
-	struct session *s;
-	struct channel *ch;
-	int acked;
-};
-
-static void session_publish_settled(void *arg, uint64_t broker_seq)
-{
-	struct session_confirm_note *n = arg;
-
-	pipeline_publish_settled(n->s, n->ch, broker_seq, n->acked);
-}
-
-/* The broker's ack or nack of publishes on a channel with mapped confirms. */
-static void session_broker_confirm(struct session *s, struct channel *ch,
-				   amqp_method_number_t id, void *decoded)
-{
-	struct session_emit e = {session_out(s, DIR_TO_CLIENT), ch->id, id, 0};
-	struct session_confirm_note n = {s, ch, id == AMQP_BASIC_ACK_METHOD};
-	uint64_t tag;
-	int multiple;
-
-	if (id == AMQP_BASIC_ACK_METHOD) {
-		amqp_basic_ack_t *m = decoded;
-
-		tag = m->delivery_tag;
-		multiple = m->multiple;
-	} else {
-		amqp_basic_nack_t *m = decoded;
-
-		tag = m->delivery_tag;
-		multiple = m->multiple;
-		e.requeue = m->requeue;
-	}
-	/* Hooks that follow their publishes learn each one's outcome. */
-	if (pipeline_publish_watched(s))
-		confirmmap_covered(&ch->confirms, tag, multiple, session_publish_settled, &n);
-	if (confirmmap_settle(&ch->confirms, tag, multiple, session_emit_settle, &e) != 0)
-		session_log(s, LOG_WARNING,
-			    "broker confirmed unknown sequence %llu on channel %u",
-			    (unsigned long long)tag, ch->id);
 }
 
 /* Decide what a delivery-like method means for tags and hooks. The method
@@ -994,13 +877,13 @@ static int session_method(struct session *s, struct leg *from, const struct fram
 					return 0;
 				}
 				evbuffer_drain(in, len);
-				session_client_settle(s, ch, id, m);
+				settle_client(s, ch, id, m);
 				recycle_amqp_pool(pool);
 				return 0;
 			}
 			if (ch->confirm_mode) {
 				evbuffer_drain(in, len);
-				session_broker_confirm(s, ch, id, m);
+				settle_broker_confirm(s, ch, id, m);
 				recycle_amqp_pool(pool);
 				return 0;
 			}

@@ -1,0 +1,131 @@
+/* settle: the client's acks, nacks and rejects, and the broker's publisher
+ * confirms, translated between the client's numbering and the broker's when
+ * hooks swallow, hold or answer messages (tagmap, confirmmap); hooks hear
+ * of each settle and each publish's outcome. */
+#include "settle.h"
+
+#include "../amqp/method.h"
+#include "channel.h"
+#include "log.h"
+#include "pipeline.h"
+#include "session.h"
+#include "tagmap.h"
+
+#include <stdio.h>
+
+struct settle_emit {
+	struct evbuffer *out;
+	uint16_t channel;
+	amqp_method_number_t id;
+	int requeue;
+};
+
+static void settle_emit(void *arg, uint64_t tag, int multiple)
+{
+	struct settle_emit *e = arg;
+
+	if (e->id == AMQP_BASIC_ACK_METHOD) {
+		method_write_basic_ack(e->out, e->channel, tag, multiple);
+	} else if (e->id == AMQP_BASIC_NACK_METHOD) {
+		amqp_basic_nack_t m = {tag, (amqp_boolean_t)multiple,
+				       (amqp_boolean_t)e->requeue};
+
+		method_write(e->out, e->channel, AMQP_BASIC_NACK_METHOD, &m);
+	} else {
+		amqp_basic_reject_t m = {tag, (amqp_boolean_t)e->requeue};
+
+		method_write(e->out, e->channel, AMQP_BASIC_REJECT_METHOD, &m);
+	}
+}
+
+struct settle_note {
+	struct session *s;
+	struct channel *ch;
+	struct settle_emit e;
+};
+
+static void settle_emit_noted(void *arg, uint64_t tag, int multiple)
+{
+	struct settle_note *n = arg;
+
+	settle_emit(&n->e, tag, multiple);
+	pipeline_settled(n->s, n->ch, n->e.id, tag);
+}
+
+/* A client's ack, nack or reject on a channel whose tags are mapped. */
+int settle_client(struct session *s, struct channel *ch, amqp_method_number_t id, void *decoded)
+{
+	struct settle_note n = {s, ch, {session_out(s, DIR_TO_BROKER), ch->id, id, 0}};
+	uint64_t tag;
+	int multiple = 0;
+	char why[96];
+
+	if (id == AMQP_BASIC_ACK_METHOD) {
+		amqp_basic_ack_t *m = decoded;
+
+		tag = m->delivery_tag;
+		multiple = m->multiple;
+	} else if (id == AMQP_BASIC_NACK_METHOD) {
+		amqp_basic_nack_t *m = decoded;
+
+		tag = m->delivery_tag;
+		multiple = m->multiple;
+		n.e.requeue = m->requeue;
+	} else {
+		amqp_basic_reject_t *m = decoded;
+
+		tag = m->delivery_tag;
+		n.e.requeue = m->requeue;
+	}
+	if (tagmap_settle(&ch->tags, tag, multiple, settle_emit_noted, &n) != 0) {
+		/* What the broker says for a tag it does not know. */
+		snprintf(why, sizeof(why), "PRECONDITION_FAILED - unknown delivery tag %llu",
+			 (unsigned long long)tag);
+		session_channel_error(s, ch, AMQP_PRECONDITION_FAILED, why,
+				      (uint16_t)(id >> 16), (uint16_t)id);
+	}
+	return 0;
+}
+
+struct settle_confirm_note {
+	struct session *s;
+	struct channel *ch;
+	int acked;
+};
+
+static void settle_publish_outcome(void *arg, uint64_t broker_seq)
+{
+	struct settle_confirm_note *n = arg;
+
+	pipeline_publish_settled(n->s, n->ch, broker_seq, n->acked);
+}
+
+/* The broker's ack or nack of publishes on a channel with mapped confirms. */
+void settle_broker_confirm(struct session *s, struct channel *ch, amqp_method_number_t id,
+			   void *decoded)
+{
+	struct settle_emit e = {session_out(s, DIR_TO_CLIENT), ch->id, id, 0};
+	struct settle_confirm_note n = {s, ch, id == AMQP_BASIC_ACK_METHOD};
+	uint64_t tag;
+	int multiple;
+
+	if (id == AMQP_BASIC_ACK_METHOD) {
+		amqp_basic_ack_t *m = decoded;
+
+		tag = m->delivery_tag;
+		multiple = m->multiple;
+	} else {
+		amqp_basic_nack_t *m = decoded;
+
+		tag = m->delivery_tag;
+		multiple = m->multiple;
+		e.requeue = m->requeue;
+	}
+	/* Hooks that follow their publishes learn each one's outcome. */
+	if (pipeline_publish_watched(s))
+		confirmmap_covered(&ch->confirms, tag, multiple, settle_publish_outcome, &n);
+	if (confirmmap_settle(&ch->confirms, tag, multiple, settle_emit, &e) != 0)
+		session_log(s, LOG_WARNING,
+			    "broker confirmed unknown sequence %llu on channel %u",
+			    (unsigned long long)tag, ch->id);
+}
