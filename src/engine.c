@@ -15,7 +15,9 @@
 #include "log.h"
 #include "rules.h"
 #include "store/state.h"
+#include "tls.h"
 
+#include <amqp_ssl_socket.h>
 #include <amqp_tcp_socket.h>
 #include <errno.h>
 #include <event2/buffer.h>
@@ -454,6 +456,32 @@ static const amqp_table_t *engine_client_properties(amqp_table_entry_t caps[2],
 	return table;
 }
 
+/* TLS like the workers' broker connections: the broker's certificate is
+ * verified (its name is the address's host), a client certificate given
+ * when configured. */
+static amqp_socket_t *engine_tls_socket(struct engine *e)
+{
+	amqp_socket_t *sock = amqp_ssl_socket_new(e->conn);
+	const char *ca =
+	    tls_upstream_ca() ? tls_upstream_ca() : "/etc/ssl/certs/ca-certificates.crt";
+
+	if (sock == NULL)
+		return NULL;
+	amqp_ssl_socket_set_verify_peer(sock, 1);
+	amqp_ssl_socket_set_verify_hostname(sock, 1);
+	if (amqp_ssl_socket_set_cacert(sock, ca) != AMQP_STATUS_OK ||
+	    (tls_upstream_cert() &&
+	     amqp_ssl_socket_set_key(sock, tls_upstream_cert(), tls_upstream_key()) !=
+		 AMQP_STATUS_OK)) {
+		if (!e->down_logged)
+			log_warning(
+			    "engine: vhost %s: cannot load the TLS CA or client certificate",
+			    e->vhost);
+		return NULL;
+	}
+	return sock;
+}
+
 /* A broker that reads the PROXY protocol wants a header on the engine's
  * connections too: the connection's own addresses (the proxy is the client). */
 static int engine_proxy_header(struct engine *e)
@@ -485,7 +513,7 @@ static int engine_connect(struct engine *e)
 	for (i = 0; i < engine_cfg.naddr && rc != 0; i++) {
 		if ((e->conn = amqp_new_connection()) == NULL)
 			return -1;
-		sock = amqp_tcp_socket_new(e->conn);
+		sock = tls_upstream() ? engine_tls_socket(e) : amqp_tcp_socket_new(e->conn);
 		if (sock == NULL) {
 			amqp_destroy_connection(e->conn);
 			e->conn = NULL;

@@ -52,7 +52,7 @@ static void listener_accept_cb(struct evconnlistener *l, evutil_socket_t fd,
 	limits_admitted(LIMITS_MAX_CONNECTIONS);
 	w = &listener_workers[listener_next];
 	listener_next = (listener_next + 1) % listener_nworkers;
-	if (worker_assign(w, fd, sa, salen) != 0)
+	if (worker_assign(w, fd, sa, salen, arg != NULL) != 0)
 		close(fd);
 }
 
@@ -63,7 +63,7 @@ static void listener_error_cb(struct evconnlistener *l, void *arg)
 	log_warning("accept failed: %s", evutil_socket_error_to_string(err));
 }
 
-int listener_open(struct event_base *base, char *const *addrs, int naddrs,
+int listener_open(struct event_base *base, char *const *addrs, int naddrs, int tls,
 		  struct worker *workers, int nworkers, long max_connections)
 {
 	int i;
@@ -89,7 +89,7 @@ int listener_open(struct event_base *base, char *const *addrs, int naddrs,
 			return -1;
 		}
 		listener_socks[listener_count] = evconnlistener_new_bind(
-		    base, listener_accept_cb, NULL,
+		    base, listener_accept_cb, tls ? (void *)listener_socks : NULL,
 		    LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE | LEV_OPT_CLOSE_ON_EXEC, 1024,
 		    res->ai_addr, (int)res->ai_addrlen);
 		freeaddrinfo(res);
@@ -101,7 +101,7 @@ int listener_open(struct event_base *base, char *const *addrs, int naddrs,
 			return -1;
 		}
 		evconnlistener_set_error_cb(listener_socks[listener_count], listener_error_cb);
-		log_info("listening on %s", addrs[i]);
+		log_info("listening on %s%s", addrs[i], tls ? " (TLS)" : "");
 		listener_count++;
 	}
 	return 0;

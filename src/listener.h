@@ -5,8 +5,9 @@
 struct event_base;
 struct worker;
 
-/* Bind every address; 0, or -1 with the reason logged. */
-int listener_open(struct event_base *base, char *const *addrs, int naddrs,
+/* Bind every address (tls: its clients speak TLS); 0, or -1 with the
+ * reason logged. Called once for plain addresses and once for TLS ones. */
+int listener_open(struct event_base *base, char *const *addrs, int naddrs, int tls,
 		  struct worker *workers, int nworkers, long max_connections);
 /* Stop accepting (sockets are closed). */
 void listener_close(void);

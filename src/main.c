@@ -13,6 +13,7 @@
 #include "rules.h"
 #include "store/claims.h"
 #include "store/state.h"
+#include "tls.h"
 #include "upstream.h"
 #include "worker.h"
 
@@ -119,8 +120,12 @@ static void main_stop_cb(evutil_socket_t sig, short what, void *arg)
 
 static void main_hup_cb(evutil_socket_t sig, short what, void *arg)
 {
-	log_info("SIGHUP: reloading rules");
+	char err[512];
+
+	log_info("SIGHUP: reloading rules and TLS certificates");
 	main_load_rules(NULL);
+	if (tls_reload(err, sizeof(err)) != 0)
+		log_error("TLS: %s; the certificates in force are kept", err);
 }
 
 static void main_raise_nofile(void)
@@ -190,6 +195,20 @@ int main(int argc, char **argv)
 		log_error("engine: cannot read the broker addresses or credentials");
 		return 1;
 	}
+	{
+		char err[512];
+
+		if (config_num(&cfg, CFG_UPSTREAM_TLS) &&
+		    config_num(&cfg, CFG_UPSTREAM_PROXY_PROTOCOL)) {
+			log_error("upstream_tls and upstream_proxy_protocol together are not "
+				  "supported");
+			return 1;
+		}
+		if (tls_configure(&cfg, err, sizeof(err)) != 0) {
+			log_error("TLS: %s", err);
+			return 1;
+		}
+	}
 	main_rules_dir = config_str(&cfg, CFG_RULES);
 	{
 		struct state_settings set = {config_str(&cfg, CFG_DATA_DIR),
@@ -232,8 +251,12 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	base = event_base_new();
-	if (listener_open(base, cfg.v[CFG_LISTEN].list, cfg.v[CFG_LISTEN].nlist, main_workers,
-			  main_nworkers, config_num(&cfg, CFG_MAX_CONNECTIONS)) != 0)
+	if (listener_open(base, cfg.v[CFG_LISTEN].list, cfg.v[CFG_LISTEN].nlist, 0,
+			  main_workers, main_nworkers,
+			  config_num(&cfg, CFG_MAX_CONNECTIONS)) != 0 ||
+	    listener_open(base, cfg.v[CFG_LISTEN_TLS].list, cfg.v[CFG_LISTEN_TLS].nlist, 1,
+			  main_workers, main_nworkers,
+			  config_num(&cfg, CFG_MAX_CONNECTIONS)) != 0)
 		return 1;
 	if (config_str(&cfg, CFG_ADMIN)[0] &&
 	    admin_open(base, config_str(&cfg, CFG_ADMIN), &cfg, main_workers, main_nworkers,
@@ -267,6 +290,7 @@ int main(int argc, char **argv)
 	}
 	janitor_stop();
 	jobs_stop();
+	tls_free();
 	state_close(state);
 	rules_unref(main_rules);
 	for (i = 0; i < main_nworkers; i++) {

@@ -6,10 +6,12 @@
 #include "../amqp/frame_scan.h"
 #include "../amqp/method.h"
 #include "../amqp/proxyproto.h"
+#include "config.h"
 #include "limits.h"
 #include "log.h"
 #include "rules.h"
 #include "settle.h"
+#include "tls.h"
 #include "upstream.h"
 #include "worker.h"
 
@@ -405,7 +407,8 @@ static void session_format_peer(char *out, size_t len, const struct sockaddr *sa
 	}
 }
 
-struct session *session_new(struct worker *w, int fd, const struct sockaddr *sa, int salen)
+struct session *session_new(struct worker *w, int fd, const struct sockaddr *sa, int salen,
+			    int tls)
 {
 	struct session *s = calloc(1, sizeof(*s));
 	struct transport *tr;
@@ -429,10 +432,20 @@ struct session *session_new(struct worker *w, int fd, const struct sockaddr *sa,
 	s->timer = evtimer_new(w->base, session_timer_cb, s);
 	session_nodelay(fd);
 	tr = transport_new(w->base, fd);
+	if (tr && tls) {
+		SSL *ssl = tls_server_new();
+
+		if (ssl == NULL || transport_tls(tr, ssl) != 0) {
+			SSL_free(ssl);
+			transport_free(tr);
+			tr = NULL;
+			fd = -1; /* closed with the transport */
+		}
+	}
 	if (tr == NULL || s->timer == NULL) {
 		if (tr)
 			transport_free(tr);
-		else
+		else if (fd >= 0)
 			evutil_closesocket(fd);
 		if (s->timer)
 			event_free(s->timer);
@@ -447,6 +460,27 @@ struct session *session_new(struct worker *w, int fd, const struct sockaddr *sa,
 	transport_read_enable(tr);
 	session_log(s, LOG_DEBUG, "accepted");
 	return s;
+}
+
+/* TLS to the broker: SNI and the name verified are upstream_tls_name, or
+ * the host of the address. */
+static int session_upstream_tls(struct session *s, struct transport *tr,
+				const struct upstream_node *n)
+{
+	char host[256];
+	int port;
+	SSL *ssl;
+
+	if (tls_upstream_name())
+		snprintf(host, sizeof(host), "%s", tls_upstream_name());
+	else if (config_addr_split(n->name, host, sizeof(host), &port) != 0)
+		return -1;
+	ssl = tls_client_new(host);
+	if (ssl == NULL || transport_tls(tr, ssl) != 0) {
+		SSL_free(ssl);
+		return -1;
+	}
+	return 0;
 }
 
 /* Connect the broker leg to the next broker address this client has not
@@ -465,6 +499,11 @@ static int session_connect_upstream(struct session *s)
 		s->upstream_tried |= 1u << i;
 		s->upstream_at = i;
 		tr = connect(s->w->base, (const struct sockaddr *)&n->sa, n->salen);
+		if (tr && tls_upstream() && session_upstream_tls(s, tr, n) != 0) {
+			transport_free(tr);
+			tr = NULL;
+			errno = EPROTO;
+		}
 		if (tr == NULL) {
 			session_log(s, LOG_WARNING, "cannot connect to broker %s: %s", n->name,
 				    strerror(errno));
@@ -1385,13 +1424,15 @@ static void session_leg_end(struct session *s, struct leg *l, int err)
 
 	if (err && s->state == SESSION_CONNECTING && l == &s->upstream) {
 		session_log(s, LOG_WARNING, "cannot connect to broker %s: %s",
-			    upstream_node(s->upstream_at)->name, strerror(err));
+			    upstream_node(s->upstream_at)->name, transport_error(l->tr, err));
 		s->w->stats.upstream_failures++;
 		if (session_connect_next(s) != 0)
 			session_end(s);
 		return;
 	}
-	snprintf(why, sizeof(why), "%s", err ? strerror(err) : "end of stream");
+	snprintf(why, sizeof(why), "%s", err ? transport_error(l->tr, err) : "end of stream");
+	if (err == EPROTO && l == &s->client && s->state == SESSION_HEADER)
+		session_log(s, LOG_WARNING, "TLS handshake with the client failed: %s", why);
 	/* Frames that arrived before the end still go through. */
 	if (s->state != SESSION_FLUSHING && session_pump(s, l) != 0)
 		return;

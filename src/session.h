@@ -77,8 +77,9 @@ struct session {
 	struct session *id_next;     /* the worker's id table */
 };
 
-/* Take over an accepted socket. */
-struct session *session_new(struct worker *w, int fd, const struct sockaddr *sa, int salen);
+/* Take over an accepted socket (tls: its client speaks TLS). */
+struct session *session_new(struct worker *w, int fd, const struct sockaddr *sa, int salen,
+			    int tls);
 /* Close both legs with connection.close code (the proxy's own close). */
 void session_close(struct session *s, uint16_t code, const char *text);
 /* Frames read from one direction wait (a message waits for a hook) until

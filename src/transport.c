@@ -1,12 +1,16 @@
 /* transport: one non-blocking TCP socket with an input and an output
  * evbuffer: large reads until the socket is dry, writes tried at once and
  * batched per loop turn, and the socket watched for writing only while
- * output is stuck. */
+ * output is stuck; TLS (OpenSSL, non-blocking) when given an SSL. */
 #include "transport.h"
 
 #include <errno.h>
 #include <event2/buffer.h>
 #include <event2/event.h>
+#include <limits.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
@@ -30,18 +34,28 @@ struct transport {
 	unsigned write_queued : 1;  /* wev made active to write this turn */
 	unsigned connecting : 1;
 	unsigned timeout_set : 1;
-	unsigned dead : 1; /* EOF or error seen: no more I/O */
+	unsigned dead : 1;             /* EOF or error seen: no more I/O */
+	unsigned handshaking : 1;      /* TLS: the handshake is not done */
+	unsigned write_wants_read : 1; /* TLS: a write waits for input */
 	uint64_t bytes_in, bytes_out;
+	SSL *ssl;          /* NULL: plain TCP */
+	char tls_err[160]; /* why the TLS session failed */
 };
+
+static void transport_ready(struct transport *t);
+static void transport_write(struct transport *t);
 
 static void transport_arm_read(struct transport *t)
 {
-	int want = t->reading && !t->full && !t->connecting && !t->dead;
+	int want = (t->reading || t->handshaking) && !t->full && !t->connecting && !t->dead;
 
 	if (want)
 		event_add(t->rev, t->timeout_set ? &t->read_timeout : NULL);
 	else
 		event_del(t->rev);
+	/* TLS may hold decrypted input the socket no longer signals. */
+	if (want && t->ssl && !t->handshaking && SSL_has_pending(t->ssl))
+		event_active(t->rev, EV_READ, 1);
 }
 
 static void transport_fail(struct transport *t, int what, int err)
@@ -52,6 +66,126 @@ static void transport_fail(struct transport *t, int what, int err)
 	t->write_waiting = 0;
 	if (t->event_cb)
 		t->event_cb(t, what, err, t->arg);
+}
+
+/* Why OpenSSL failed, kept for the owner's log line. */
+static void transport_tls_note(struct transport *t, int ssl_err)
+{
+	unsigned long e = ERR_get_error(), last = 0;
+	long verify;
+
+	while (e != 0) {
+		last = e;
+		e = ERR_get_error();
+	}
+	verify = SSL_get_verify_result(t->ssl);
+	if (verify != X509_V_OK)
+		snprintf(t->tls_err, sizeof(t->tls_err), "TLS: certificate verify failed: %s",
+			 X509_verify_cert_error_string(verify));
+	else if (last)
+		ERR_error_string_n(last, t->tls_err, sizeof(t->tls_err));
+	else
+		snprintf(t->tls_err, sizeof(t->tls_err), "TLS error %d", ssl_err);
+}
+
+/* Advance the handshake: 1 done, 0 waiting for the socket, -1 failed
+ * (the owner was told). */
+static int transport_handshake(struct transport *t)
+{
+	int rc, e;
+
+	ERR_clear_error();
+	rc = SSL_do_handshake(t->ssl);
+	if (rc == 1) {
+		t->handshaking = 0;
+		if (t->write_waiting) {
+			t->write_waiting = 0;
+			event_del(t->wev);
+		}
+		transport_arm_read(t);
+		transport_ready(t); /* may free t */
+		return 1;
+	}
+	e = SSL_get_error(t->ssl, rc);
+	if (e == SSL_ERROR_WANT_READ) {
+		transport_arm_read(t);
+		return 0;
+	}
+	if (e == SSL_ERROR_WANT_WRITE) {
+		if (!t->write_waiting) {
+			t->write_waiting = 1;
+			event_add(t->wev, NULL);
+		}
+		return 0;
+	}
+	transport_tls_note(t, e);
+	transport_fail(t, TRANSPORT_ERROR, EPROTO);
+	return -1;
+}
+
+/* TLS: decrypt what the socket has, into the input. */
+static void transport_read_tls(struct transport *t)
+{
+	size_t total = 0;
+	int eof = 0, err = 0;
+
+	while (total < TRANSPORT_READ_BUDGET) {
+		struct evbuffer_iovec v;
+		int n, e;
+
+		if (evbuffer_reserve_space(t->in, TRANSPORT_READ_CHUNK, &v, 1) < 1)
+			break;
+		ERR_clear_error();
+		n = SSL_read(t->ssl, v.iov_base,
+			     v.iov_len > INT_MAX ? INT_MAX : (int)v.iov_len);
+		if (n > 0) {
+			v.iov_len = (size_t)n;
+			evbuffer_commit_space(t->in, &v, 1);
+			total += (size_t)n;
+			if (t->read_high && evbuffer_get_length(t->in) >= t->read_high) {
+				t->full = 1;
+				transport_arm_read(t);
+				break;
+			}
+			continue;
+		}
+		evbuffer_commit_space(t->in, &v, 0);
+		e = SSL_get_error(t->ssl, n);
+		if (e == SSL_ERROR_WANT_READ)
+			break;
+		if (e == SSL_ERROR_WANT_WRITE) {
+			if (!t->write_waiting) {
+				t->write_waiting = 1;
+				event_add(t->wev, NULL);
+			}
+			break;
+		}
+		if (e == SSL_ERROR_ZERO_RETURN ||
+		    (e == SSL_ERROR_SYSCALL && ERR_peek_error() == 0 &&
+		     (n == 0 || errno == 0 || errno == ECONNRESET))) {
+			eof = 1;
+			break;
+		}
+		transport_tls_note(t, e);
+		err = EPROTO;
+		break;
+	}
+	t->bytes_in += total;
+	if (!eof && !err && !t->full && SSL_has_pending(t->ssl))
+		event_active(t->rev, EV_READ, 1); /* the budget ran out first */
+	/* A write that waited for input may go on now. */
+	if (t->write_wants_read && !eof && !err) {
+		t->write_wants_read = 0;
+		transport_write(t);
+		if (t->dead)
+			return;
+	}
+	if (total && t->read_cb)
+		t->read_cb(t, t->arg); /* may free t */
+	else if (eof)
+		transport_fail(t, TRANSPORT_EOF, 0);
+	else if (err)
+		transport_fail(t, TRANSPORT_ERROR, err);
 }
 
 /* Read until the socket is dry, the input is full or the budget is spent. */
@@ -119,7 +253,47 @@ static void transport_read_ev(evutil_socket_t fd, short what, void *arg)
 			t->event_cb(t, TRANSPORT_TIMEOUT, 0, t->arg);
 		return;
 	}
-	transport_read(t);
+	if (t->ssl && t->handshaking) {
+		/* An outgoing connection's owner was told (and may have freed
+		 * t); an accepted one reads what came with the handshake. */
+		if (transport_handshake(t) <= 0 || !SSL_is_server(t->ssl))
+			return;
+	}
+	if (t->ssl)
+		transport_read_tls(t);
+	else
+		transport_read(t);
+}
+
+/* TLS: encrypt and send what is queued. 0, or -1 when t failed. */
+static int transport_write_tls(struct transport *t)
+{
+	while (evbuffer_get_length(t->out) > 0) {
+		struct evbuffer_iovec v;
+		int n, e;
+
+		if (evbuffer_peek(t->out, -1, NULL, &v, 1) < 1)
+			break;
+		ERR_clear_error();
+		n = SSL_write(t->ssl, v.iov_base,
+			      v.iov_len > INT_MAX ? INT_MAX : (int)v.iov_len);
+		if (n > 0) {
+			evbuffer_drain(t->out, (size_t)n);
+			t->bytes_out += (uint64_t)n;
+			continue;
+		}
+		e = SSL_get_error(t->ssl, n);
+		if (e == SSL_ERROR_WANT_WRITE)
+			break;
+		if (e == SSL_ERROR_WANT_READ) {
+			t->write_wants_read = 1;
+			break;
+		}
+		transport_tls_note(t, e);
+		transport_fail(t, TRANSPORT_ERROR, EPROTO);
+		return -1;
+	}
+	return 0;
 }
 
 /* Write what is queued; wait for the socket only if it is full. */
@@ -127,7 +301,11 @@ static void transport_write(struct transport *t)
 {
 	size_t before = evbuffer_get_length(t->out);
 
-	while (evbuffer_get_length(t->out) > 0) {
+	if (t->ssl) {
+		if (t->handshaking || transport_write_tls(t) != 0)
+			return;
+	}
+	while (!t->ssl && evbuffer_get_length(t->out) > 0) {
 		int n = evbuffer_write(t->out, t->fd);
 
 		if (n < 0) {
@@ -140,7 +318,7 @@ static void transport_write(struct transport *t)
 			break;
 		t->bytes_out += (uint64_t)n;
 	}
-	if (evbuffer_get_length(t->out) > 0) {
+	if (evbuffer_get_length(t->out) > 0 && !t->write_wants_read) {
 		if (!t->write_waiting) {
 			t->write_waiting = 1;
 			event_add(t->wev, NULL);
@@ -165,13 +343,27 @@ void transport_connect_done(struct transport *t, int err)
 	}
 	event_del(t->wev);
 	t->write_waiting = 0;
+	if (t->ssl) {
+		/* Connected once the TLS handshake is done. */
+		t->handshaking = 1;
+		transport_handshake(t);
+		return;
+	}
 	transport_arm_read(t);
-	if (evbuffer_get_length(t->out) > 0) {
-		/* What was queued while connecting goes out this turn. */
+	transport_ready(t);
+}
+
+/* The connection can carry data: what was queued goes out this turn, and
+ * an outgoing connection reports itself connected. */
+static void transport_ready(struct transport *t)
+{
+	int outgoing = t->ssl == NULL || !SSL_is_server(t->ssl);
+
+	if (evbuffer_get_length(t->out) > 0 && !t->write_queued) {
 		t->write_queued = 1;
 		event_active(t->wev, EV_WRITE, 1);
 	}
-	if (t->event_cb)
+	if (outgoing && t->event_cb)
 		t->event_cb(t, TRANSPORT_CONNECTED, 0, t->arg); /* may free t */
 }
 
@@ -198,6 +390,10 @@ static void transport_write_ev(evutil_socket_t fd, short what, void *arg)
 		transport_connected(t);
 		return;
 	}
+	if (t->ssl && t->handshaking) {
+		transport_handshake(t);
+		return;
+	}
 	transport_write(t);
 }
 
@@ -208,7 +404,7 @@ static void transport_out_cb(struct evbuffer *buf, const struct evbuffer_cb_info
 	struct transport *t = arg;
 
 	if (info->n_added == 0 || t->write_queued || t->write_waiting || t->connecting ||
-	    t->dead)
+	    t->dead || t->handshaking || t->write_wants_read)
 		return;
 	t->write_queued = 1;
 	event_active(t->wev, EV_WRITE, 1);
@@ -298,6 +494,13 @@ void transport_free(struct transport *t)
 {
 	if (t == NULL)
 		return;
+	if (t->ssl) {
+		/* A close_notify if the socket takes it now; never waits. */
+		if (!t->dead && !t->handshaking)
+			SSL_shutdown(t->ssl);
+		SSL_free(t->ssl);
+		ERR_clear_error();
+	}
 	if (t->rev)
 		event_free(t->rev);
 	if (t->wev)
@@ -318,6 +521,23 @@ void transport_setcb(struct transport *t, transport_cb read, transport_cb draine
 	t->drained_cb = drained;
 	t->event_cb = event;
 	t->arg = arg;
+}
+
+int transport_tls(struct transport *t, void *ssl)
+{
+	if (SSL_set_fd((SSL *)ssl, t->fd) != 1)
+		return -1;
+	t->ssl = ssl;
+	if (SSL_is_server(t->ssl)) {
+		t->handshaking = 1;
+		transport_arm_read(t);
+	}
+	return 0;
+}
+
+const char *transport_error(const struct transport *t, int err)
+{
+	return t->tls_err[0] ? t->tls_err : strerror(err);
 }
 
 void transport_bytes(const struct transport *t, uint64_t *in, uint64_t *out)

@@ -38,6 +38,13 @@ int transport_connecting(const struct transport *t);
  * failure (TRANSPORT_EOF / TRANSPORT_ERROR with err) as if it happened. */
 void transport_inject(struct transport *t, int what, int err);
 void transport_free(struct transport *t);
+/* Speak TLS over the socket (ssl: an OpenSSL SSL, which t now owns): an
+ * accepted socket's handshake starts at once; an outgoing connection
+ * reports TRANSPORT_CONNECTED once its handshake is done. 0 or -1. */
+int transport_tls(struct transport *t, void *ssl);
+/* The reason for an error the event callback reported (err): TLS's own
+ * when it was TLS that failed. */
+const char *transport_error(const struct transport *t, int err);
 
 /* read: new input; drained: output fell to the low mark; event: see above. */
 void transport_setcb(struct transport *t, transport_cb read, transport_cb drained,

@@ -85,7 +85,7 @@ static void worker_notify_cb(evutil_socket_t fd, short what, void *arg)
 			session_rules_changed(s);
 	}
 	for (i = 0; i < n; i++)
-		session_new(w, q[i].fd, (struct sockaddr *)&q[i].sa, q[i].salen);
+		session_new(w, q[i].fd, (struct sockaddr *)&q[i].sa, q[i].salen, q[i].tls);
 	free(q);
 	worker_run_posted(w);
 
@@ -131,7 +131,7 @@ int worker_start(struct worker *w, int index)
 	return pthread_create(&w->thread, NULL, worker_main, w) == 0 ? 0 : -1;
 }
 
-int worker_assign(struct worker *w, int fd, const struct sockaddr *sa, int salen)
+int worker_assign(struct worker *w, int fd, const struct sockaddr *sa, int salen, int tls)
 {
 	pthread_mutex_lock(&w->lock);
 	if (w->nqueue == w->capqueue) {
@@ -146,6 +146,7 @@ int worker_assign(struct worker *w, int fd, const struct sockaddr *sa, int salen
 		w->capqueue = ncap;
 	}
 	w->queue[w->nqueue].fd = fd;
+	w->queue[w->nqueue].tls = tls;
 	memcpy(&w->queue[w->nqueue].sa, sa, (size_t)salen);
 	w->queue[w->nqueue].salen = salen;
 	w->nqueue++;

@@ -43,6 +43,7 @@ struct worker_call {
 
 struct worker_accept {
 	int fd;
+	int tls;
 	struct sockaddr_storage sa;
 	int salen;
 };
@@ -74,7 +75,7 @@ int worker_init(struct worker *w, int index);
 void worker_fini(struct worker *w);
 int worker_start(struct worker *w, int index);
 /* From any thread: hand over an accepted socket. */
-int worker_assign(struct worker *w, int fd, const struct sockaddr *sa, int salen);
+int worker_assign(struct worker *w, int fd, const struct sockaddr *sa, int salen, int tls);
 /* From any thread: stop taking work, drain, then exit the loop. */
 void worker_drain(struct worker *w);
 /* From any thread: run c->fn on the worker's loop, in posting order. */

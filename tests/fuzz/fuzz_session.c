@@ -732,7 +732,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	fz.client_fd = sv[1];
 	fuzz_nonblock(sv[1]);
 	peer.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	if (session_new(&fz.w, sv[0], (struct sockaddr *)&peer, sizeof(peer)) == NULL) {
+	if (session_new(&fz.w, sv[0], (struct sockaddr *)&peer, sizeof(peer), 0) == NULL) {
 		close(sv[1]);
 		return 0;
 	}
