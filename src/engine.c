@@ -19,6 +19,7 @@
 
 #include <amqp_ssl_socket.h>
 #include <amqp_tcp_socket.h>
+#include <arpa/inet.h>
 #include <errno.h>
 #include <event2/buffer.h>
 #include <fcntl.h>
@@ -459,16 +460,20 @@ static const amqp_table_t *engine_client_properties(amqp_table_entry_t caps[2],
 /* TLS like the workers' broker connections: the broker's certificate is
  * verified (its name is the address's host), a client certificate given
  * when configured. */
-static amqp_socket_t *engine_tls_socket(struct engine *e)
+static amqp_socket_t *engine_tls_socket(struct engine *e, const char *host)
 {
 	amqp_socket_t *sock = amqp_ssl_socket_new(e->conn);
+	unsigned char ip[16];
+	/* rabbitmq-c checks a host name against the certificate's names only:
+	 * for an address, the chain is verified and not the name. */
+	int is_ip = inet_pton(AF_INET, host, ip) == 1 || inet_pton(AF_INET6, host, ip) == 1;
 	const char *ca =
 	    tls_upstream_ca() ? tls_upstream_ca() : "/etc/ssl/certs/ca-certificates.crt";
 
 	if (sock == NULL)
 		return NULL;
 	amqp_ssl_socket_set_verify_peer(sock, 1);
-	amqp_ssl_socket_set_verify_hostname(sock, 1);
+	amqp_ssl_socket_set_verify_hostname(sock, !is_ip);
 	if (amqp_ssl_socket_set_cacert(sock, ca) != AMQP_STATUS_OK ||
 	    (tls_upstream_cert() &&
 	     amqp_ssl_socket_set_key(sock, tls_upstream_cert(), tls_upstream_key()) !=
@@ -513,7 +518,8 @@ static int engine_connect(struct engine *e)
 	for (i = 0; i < engine_cfg.naddr && rc != 0; i++) {
 		if ((e->conn = amqp_new_connection()) == NULL)
 			return -1;
-		sock = tls_upstream() ? engine_tls_socket(e) : amqp_tcp_socket_new(e->conn);
+		sock = tls_upstream() ? engine_tls_socket(e, engine_cfg.hosts[i])
+				      : amqp_tcp_socket_new(e->conn);
 		if (sock == NULL) {
 			amqp_destroy_connection(e->conn);
 			e->conn = NULL;

@@ -63,7 +63,10 @@ static SSL_CTX *tls_server_build(char *err, size_t errlen)
 	}
 	SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
 	SSL_CTX_set_cipher_list(ctx, TLS_CIPHERS);
-	SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_CIPHER_SERVER_PREFERENCE);
+	/* A peer that closes without close_notify is an end, not an error:
+	 * AMQP's own framing shows a cut message. */
+	SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_CIPHER_SERVER_PREFERENCE |
+				     SSL_OP_IGNORE_UNEXPECTED_EOF);
 	SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE |
 				  SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER |
 				  SSL_MODE_RELEASE_BUFFERS);
@@ -117,6 +120,7 @@ static SSL_CTX *tls_client_build(char *err, size_t errlen)
 	SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE |
 				  SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER |
 				  SSL_MODE_RELEASE_BUFFERS);
+	SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_IGNORE_UNEXPECTED_EOF);
 	SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
 	if ((tls_set.up_ca ? SSL_CTX_load_verify_locations(ctx, tls_set.up_ca, NULL)
 			   : SSL_CTX_set_default_verify_paths(ctx)) != 1) {

@@ -111,6 +111,13 @@ static int transport_handshake(struct transport *t)
 		transport_arm_read(t);
 		return 0;
 	}
+	if (e == SSL_ERROR_ZERO_RETURN ||
+	    (e == SSL_ERROR_SYSCALL && ERR_peek_error() == 0 && t->bytes_in == 0)) {
+		/* The peer closed before a word: an end, not a TLS failure. */
+		ERR_clear_error();
+		transport_fail(t, TRANSPORT_EOF, 0);
+		return -1;
+	}
 	if (e == SSL_ERROR_WANT_WRITE) {
 		if (!t->write_waiting) {
 			t->write_waiting = 1;

@@ -256,3 +256,34 @@ def test_broker_name_must_match(pki, tls_broker):
         assert support.wait_until(lambda: "certificate verify failed" in open(log).read(), 5)
     finally:
         stop_proxy(proc, log)
+
+
+def test_the_engine_speaks_tls_too(pki, tls_broker):
+    """The proxy's own connection (the schedule ladder) to a TLS broker."""
+    import json
+    import urllib.request
+
+    rules = tempfile.mkdtemp(prefix="acemq-tls-rules-")
+    data = tempfile.mkdtemp(prefix="acemq-tls-data-")
+    with open(os.path.join(rules, "root.json"), "w") as f:
+        f.write('{"vhost": "/", "schedule": {"match": [{"exchange": "x"}]}}')
+    admin = support.free_port()
+    proc, port, tls_port, log = start_proxy("--upstream-tls", "1",
+                                            "--upstream-tls-ca", p(pki, "ca.pem"),
+                                            "--tls-cert", p(pki, "server.pem"),
+                                            "--tls-key", p(pki, "server.key"),
+                                            "--rules", rules, "--data-dir", data,
+                                            "--admin", "127.0.0.1:%d" % admin,
+                                            "--engine-user", "guest", "--engine-password", "guest",
+                                            upstream=tls_broker)
+
+    def ready():
+        with urllib.request.urlopen("http://127.0.0.1:%d/stats" % admin, timeout=5) as r:
+            return json.loads(r.read())["engines"]["/"]["ladder_ready"] == 1
+
+    try:
+        assert support.wait_until(ready, 15), open(log).read()[-2000:]
+    finally:
+        stop_proxy(proc, log)
+        shutil.rmtree(rules, ignore_errors=True)
+        shutil.rmtree(data, ignore_errors=True)
