@@ -5,6 +5,7 @@
 
 #include <amqp.h>
 #include <amqp_framing.h>
+#include <amqp_ssl_socket.h>
 #include <amqp_tcp_socket.h>
 
 #include <errno.h>
@@ -46,9 +47,10 @@ struct bench_opts {
 	int consumers;
 	size_t size;
 	int confirms;
-	int message_ids; /* each publish carries a unique message-id */
-	long delay_ms;   /* > 0: each publish carries an x-delay header */
+	int message_ids;                    /* each publish carries a unique message-id */
+	long delay_ms;                      /* > 0: each publish carries an x-delay header */
 	const char *exchange, *routing_key; /* publish there instead of the queue */
+	const char *cacert;                 /* TLS: the CA the server is verified against */
 	int window;
 	int auto_ack;
 	int prefetch;
@@ -251,7 +253,17 @@ static int bench_connect(struct bench_worker *w, amqp_connection_state_t *out)
 		bench_fail(w, "out of memory");
 		return -1;
 	}
-	sock = amqp_tcp_socket_new(conn);
+	if (bench_opts.cacert) {
+		/* TLS, the server's certificate checked against the CA */
+		sock = amqp_ssl_socket_new(conn);
+		if (sock &&
+		    amqp_ssl_socket_set_cacert(sock, bench_opts.cacert) != AMQP_STATUS_OK) {
+			bench_fail(w, "cannot load %s", bench_opts.cacert);
+			goto fail;
+		}
+	} else {
+		sock = amqp_tcp_socket_new(conn);
+	}
 	if (!sock) {
 		bench_fail(w, "cannot create socket");
 		goto fail;
@@ -521,8 +533,8 @@ static int bench_publisher_poll(struct bench_worker *w, uint64_t wait_ns)
 static void bench_publish_loop(struct bench_worker *w, uint64_t start, uint64_t deadline,
 			       uint64_t limit, uint64_t interval_ns, int stamp)
 {
-	amqp_bytes_t body, rkey = amqp_cstring_bytes(bench_opts.routing_key ? bench_opts.routing_key
-									   : bench_queue);
+	amqp_bytes_t body, rkey = amqp_cstring_bytes(
+			       bench_opts.routing_key ? bench_opts.routing_key : bench_queue);
 	amqp_bytes_t exchange =
 	    bench_opts.exchange ? amqp_cstring_bytes(bench_opts.exchange) : amqp_empty_bytes;
 	uint64_t now, next = start, zero = 0, drain_until;
@@ -577,8 +589,8 @@ static void bench_publish_loop(struct bench_worker *w, uint64_t start, uint64_t 
 			props._flags = 0;
 			if (bench_opts.message_ids) {
 				props._flags |= AMQP_BASIC_MESSAGE_ID_FLAG;
-				snprintf(id, sizeof(id), "%d-%d-%" PRIu64, (int)getpid(), w->index,
-					 w->published);
+				snprintf(id, sizeof(id), "%d-%d-%" PRIu64, (int)getpid(),
+					 w->index, w->published);
 				props.message_id = amqp_cstring_bytes(id);
 			}
 			if (bench_opts.delay_ms > 0) {
@@ -589,8 +601,7 @@ static void bench_publish_loop(struct bench_worker *w, uint64_t start, uint64_t 
 				props.headers.num_entries = 1;
 				props.headers.entries = &delay;
 			}
-			rc = amqp_basic_publish(w->conn, 1, exchange, rkey, 0, 0, &props,
-						body);
+			rc = amqp_basic_publish(w->conn, 1, exchange, rkey, 0, 0, &props, body);
 		} else {
 			rc = amqp_basic_publish(w->conn, 1, exchange, rkey, 0, 0, NULL, body);
 		}
@@ -1233,6 +1244,7 @@ static void bench_usage(FILE *out)
 	    "      --delay MS           give each publish an x-delay header of MS\n"
 	    "      --exchange NAME      publish to this exchange (default: \"\")\n"
 	    "      --routing-key KEY    with this routing key (default: the queue)\n"
+	    "      --tls-ca FILE        connect with TLS, the server verified against FILE\n"
 	    "  -a, --auto-ack           consumers use auto-ack (default: manual acks)\n"
 	    "      --ack-every N        ack every Nth delivery with multiple=true (default 1)\n"
 	    "  -q, --prefetch N         basic.qos prefetch count, 0 unlimited (default 100)\n"
@@ -1344,6 +1356,7 @@ enum {
 	BENCH_OPT_DELAY,
 	BENCH_OPT_EXCHANGE,
 	BENCH_OPT_ROUTING_KEY,
+	BENCH_OPT_TLS_CA,
 };
 
 static const struct option bench_long_opts[] = {
@@ -1362,6 +1375,7 @@ static const struct option bench_long_opts[] = {
     {"delay", required_argument, NULL, BENCH_OPT_DELAY},
     {"exchange", required_argument, NULL, BENCH_OPT_EXCHANGE},
     {"routing-key", required_argument, NULL, BENCH_OPT_ROUTING_KEY},
+    {"tls-ca", required_argument, NULL, BENCH_OPT_TLS_CA},
     {"auto-ack", no_argument, NULL, 'a'},
     {"ack-every", required_argument, NULL, BENCH_OPT_ACK_EVERY},
     {"prefetch", required_argument, NULL, 'q'},
@@ -1437,6 +1451,9 @@ static int bench_parse_args(int argc, char **argv)
 			break;
 		case BENCH_OPT_ROUTING_KEY:
 			bench_opts.routing_key = optarg;
+			break;
+		case BENCH_OPT_TLS_CA:
+			bench_opts.cacert = optarg;
 			break;
 		case 'a':
 			bench_opts.auto_ack = 1;

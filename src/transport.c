@@ -180,12 +180,14 @@ static void transport_read_tls(struct transport *t)
 	t->bytes_in += total;
 	if (!eof && !err && !t->full && SSL_has_pending(t->ssl))
 		event_active(t->rev, EV_READ, 1); /* the budget ran out first */
-	/* A write that waited for input may go on now. */
+	/* A write that waited for input goes on at the end of this turn (the
+	 * owner's callbacks may free t: nothing runs here after them). */
 	if (t->write_wants_read && !eof && !err) {
 		t->write_wants_read = 0;
-		transport_write(t);
-		if (t->dead)
-			return;
+		if (!t->write_queued) {
+			t->write_queued = 1;
+			event_active(t->wev, EV_WRITE, 1);
+		}
 	}
 	if (total && t->read_cb)
 		t->read_cb(t, t->arg); /* may free t */
@@ -261,9 +263,11 @@ static void transport_read_ev(evutil_socket_t fd, short what, void *arg)
 		return;
 	}
 	if (t->ssl && t->handshaking) {
-		/* An outgoing connection's owner was told (and may have freed
-		 * t); an accepted one reads what came with the handshake. */
-		if (transport_handshake(t) <= 0 || !SSL_is_server(t->ssl))
+		/* An outgoing connection's owner is told (and may free t); an
+		 * accepted one reads what came with the handshake. */
+		int server = SSL_is_server(t->ssl);
+
+		if (transport_handshake(t) <= 0 || !server)
 			return;
 	}
 	if (t->ssl)
