@@ -16,6 +16,7 @@
 #include "rules.h"
 #include "store/state.h"
 #include "tls.h"
+#include "vstats.h"
 
 #include <amqp_ssl_socket.h>
 #include <amqp_tcp_socket.h>
@@ -1157,18 +1158,6 @@ static void *engine_main(void *arg)
 
 /* ---- admin views ---------------------------------------------------------------------- */
 
-static void engine_label(struct evbuffer *out, const char *v)
-{
-	for (; *v; v++) {
-		if (*v == '\\' || *v == '"')
-			evbuffer_add_printf(out, "\\%c", *v);
-		else if (*v == '\n')
-			evbuffer_add(out, "\\n", 2);
-		else
-			evbuffer_add(out, v, 1);
-	}
-}
-
 static uint64_t engine_load(const uint64_t *v)
 {
 	return __atomic_load_n(v, __ATOMIC_RELAXED);
@@ -1183,7 +1172,7 @@ void engine_stats_json(struct evbuffer *out)
 	evbuffer_add_printf(out, "{");
 	for (e = engine_list; e; e = e->next) {
 		evbuffer_add_printf(out, "%s\n    \"", first ? "" : ",");
-		engine_label(out, e->vhost);
+		vstats_escape(out, e->vhost, 1);
 		evbuffer_add_printf(out, "\": {\"connected\": %d, \"ladder_ready\": %d",
 				    __atomic_load_n(&e->connected, __ATOMIC_RELAXED),
 				    engine_ladder_ready(e));
@@ -1228,7 +1217,7 @@ void engine_metrics(struct evbuffer *out)
 	}                                                                                   \
 	for (e = engine_list; e; e = e->next) {                                             \
 		evbuffer_add_printf(out, "%s{vhost=\"", metric);                            \
-		engine_label(out, e->vhost);                                                \
+		vstats_escape(out, e->vhost, 0);                                            \
 		evbuffer_add_printf(out, "\"%s%s} %llu\n", labels[0] ? "," : "", labels,    \
 				    (unsigned long long)engine_load(&e->stats.name));       \
 	}
@@ -1242,7 +1231,7 @@ void engine_metrics(struct evbuffer *out)
 			cum += engine_load(&e->late[i]);
 			evbuffer_add_printf(
 			    out, "acemq_proxy_schedule_lateness_seconds_bucket{vhost=\"");
-			engine_label(out, e->vhost);
+			vstats_escape(out, e->vhost, 0);
 			if (i < ENGINE_LATE_BUCKETS)
 				evbuffer_add_printf(out, "\",le=\"%g\"} %llu\n",
 						    (double)engine_late_bounds[i] / 1000,
@@ -1252,12 +1241,12 @@ void engine_metrics(struct evbuffer *out)
 						    (unsigned long long)cum);
 		}
 		evbuffer_add_printf(out, "acemq_proxy_schedule_lateness_seconds_sum{vhost=\"");
-		engine_label(out, e->vhost);
+		vstats_escape(out, e->vhost, 0);
 		evbuffer_add_printf(out, "\"} %g\n",
 				    (double)engine_load(&e->late_sum_ms) / 1000);
 		evbuffer_add_printf(out,
 				    "acemq_proxy_schedule_lateness_seconds_count{vhost=\"");
-		engine_label(out, e->vhost);
+		vstats_escape(out, e->vhost, 0);
 		evbuffer_add_printf(out, "\"} %llu\n",
 				    (unsigned long long)engine_load(&e->late_count));
 	}

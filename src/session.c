@@ -13,6 +13,7 @@
 #include "settle.h"
 #include "tls.h"
 #include "upstream.h"
+#include "vstats.h"
 #include "worker.h"
 
 #include "transport.h"
@@ -1573,14 +1574,7 @@ int session_complete(struct session *s, void (*fn)(struct session *s, void *arg)
 static void session_json_string(struct evbuffer *out, const char *v)
 {
 	evbuffer_add(out, "\"", 1);
-	for (; *v; v++) {
-		if (*v == '"' || *v == '\\')
-			evbuffer_add_printf(out, "\\%c", *v);
-		else if ((unsigned char)*v < 0x20)
-			evbuffer_add_printf(out, "\\u%04x", (unsigned char)*v);
-		else
-			evbuffer_add(out, v, 1);
-	}
+	vstats_escape(out, v, 1);
 	evbuffer_add(out, "\"", 1);
 }
 

@@ -52,9 +52,11 @@ static char *tls_dup(const struct config *cfg, enum config_id id)
 	return v && v[0] ? strdup(v) : NULL;
 }
 
-static SSL_CTX *tls_server_build(char *err, size_t errlen)
+/* A context with what both sides share: TLS 1.2 at least, the ciphers,
+ * writes that may be partial and move between retries. */
+static SSL_CTX *tls_ctx_new(const SSL_METHOD *method, char *err, size_t errlen)
 {
-	SSL_CTX *ctx = SSL_CTX_new(TLS_server_method());
+	SSL_CTX *ctx = SSL_CTX_new(method);
 	char why[256];
 
 	if (ctx == NULL) {
@@ -63,13 +65,23 @@ static SSL_CTX *tls_server_build(char *err, size_t errlen)
 	}
 	SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
 	SSL_CTX_set_cipher_list(ctx, TLS_CIPHERS);
+	SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE |
+				  SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER |
+				  SSL_MODE_RELEASE_BUFFERS);
+	return ctx;
+}
+
+static SSL_CTX *tls_server_build(char *err, size_t errlen)
+{
+	SSL_CTX *ctx = tls_ctx_new(TLS_server_method(), err, errlen);
+	char why[256];
+
+	if (ctx == NULL)
+		return NULL;
 	/* A peer that closes without close_notify is an end, not an error:
 	 * AMQP's own framing shows a cut message. */
 	SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_CIPHER_SERVER_PREFERENCE |
 				     SSL_OP_IGNORE_UNEXPECTED_EOF);
-	SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE |
-				  SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER |
-				  SSL_MODE_RELEASE_BUFFERS);
 	if (SSL_CTX_use_certificate_chain_file(ctx, tls_set.cert) != 1) {
 		snprintf(err, errlen, "tls_cert %s: %s", tls_set.cert,
 			 tls_error_text(why, sizeof(why)));
@@ -108,18 +120,11 @@ fail:
 
 static SSL_CTX *tls_client_build(char *err, size_t errlen)
 {
-	SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
+	SSL_CTX *ctx = tls_ctx_new(TLS_client_method(), err, errlen);
 	char why[256];
 
-	if (ctx == NULL) {
-		snprintf(err, errlen, "TLS: %s", tls_error_text(why, sizeof(why)));
+	if (ctx == NULL)
 		return NULL;
-	}
-	SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
-	SSL_CTX_set_cipher_list(ctx, TLS_CIPHERS);
-	SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE |
-				  SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER |
-				  SSL_MODE_RELEASE_BUFFERS);
 	SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_IGNORE_UNEXPECTED_EOF);
 	SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
 	if ((tls_set.up_ca ? SSL_CTX_load_verify_locations(ctx, tls_set.up_ca, NULL)

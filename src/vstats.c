@@ -48,8 +48,7 @@ void vstats_add(struct vstats *v, enum vstats_counter which)
 		__atomic_fetch_add(&v->v[which], 1, __ATOMIC_RELAXED);
 }
 
-/* Escaped for a JSON string, or (json 0) a Prometheus label value. */
-static void vstats_escaped(struct evbuffer *out, const char *s, int json)
+void vstats_escape(struct evbuffer *out, const char *s, int json)
 {
 	for (; *s; s++) {
 		if (*s == '\\' || *s == '"')
@@ -76,11 +75,11 @@ void vstats_json(struct evbuffer *out)
 	evbuffer_add_printf(out, "[");
 	for (v = vstats_list; v; v = v->next) {
 		evbuffer_add_printf(out, "%s\n    {\"vhost\": \"", first ? "" : ",");
-		vstats_escaped(out, v->vhost, 1);
+		vstats_escape(out, v->vhost, 1);
 		evbuffer_add_printf(out, "\"");
 		if (v->queue) {
 			evbuffer_add_printf(out, ", \"queue\": \"");
-			vstats_escaped(out, v->queue, 1);
+			vstats_escape(out, v->queue, 1);
 			evbuffer_add_printf(out, "\"");
 		}
 #define VSTATS_JSON(name, scope, metric, labels, help)                                        \
@@ -116,10 +115,10 @@ void vstats_metrics(struct evbuffer *out)
 		if (!VSTATS_IN_##scope(v))                                                    \
 			continue;                                                             \
 		evbuffer_add_printf(out, "%s{vhost=\"", metric);                              \
-		vstats_escaped(out, v->vhost, 0);                                             \
+		vstats_escape(out, v->vhost, 0);                                              \
 		if (v->queue) {                                                               \
 			evbuffer_add_printf(out, "\",queue=\"");                              \
-			vstats_escaped(out, v->queue, 0);                                     \
+			vstats_escape(out, v->queue, 0);                                      \
 		}                                                                             \
 		evbuffer_add_printf(out, "\"%s%s} %llu\n", labels[0] ? "," : "", labels,      \
 				    (unsigned long long)__atomic_load_n(&v->v[VSTATS_##name], \

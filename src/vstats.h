@@ -45,6 +45,10 @@ struct vstats;
 struct vstats *vstats_get(const char *vhost, const char *queue);
 void vstats_add(struct vstats *v, enum vstats_counter which);
 
+/* s escaped into out for a JSON string (json 1) or a Prometheus label
+ * value (json 0); the quotes are the caller's. */
+void vstats_escape(struct evbuffer *out, const char *s, int json);
+
 /* Admin views: a JSON array and Prometheus lines. */
 void vstats_json(struct evbuffer *out);
 void vstats_metrics(struct evbuffer *out);

@@ -1,8 +1,10 @@
 """Helpers shared by the integration tests (broker control, pika shortcuts)."""
 
 import os
+import shutil
 import socket
 import subprocess
+import tempfile
 import time
 import uuid
 
@@ -186,3 +188,39 @@ def wait_until(predicate, timeout, interval=0.05, pump=None):
             pump(interval)
         else:
             time.sleep(interval)
+
+
+def start_node(name, conf, node_port, dist_port, wait_port=None, timeout=90):
+    """A RabbitMQ node of a test's own (settings such as proxy_protocol or a
+    TLS listener apply to a whole broker): conf is its rabbitmq.conf text.
+    Returns its directory, for stop_node."""
+    top = tempfile.mkdtemp(prefix="acemq-node-")
+    os.chmod(top, 0o777)
+    with open(os.path.join(top, "rabbitmq.conf"), "w") as f:
+        f.write(conf)
+    with open(os.path.join(top, "enabled_plugins"), "w") as f:
+        f.write("[].\n")
+    for f in ("rabbitmq.conf", "enabled_plugins"):
+        os.chmod(os.path.join(top, f), 0o644)
+    env = dict(os.environ, RABBITMQ_NODENAME=name, RABBITMQ_NODE_PORT=str(node_port),
+               RABBITMQ_DIST_PORT=str(dist_port),
+               RABBITMQ_CONFIG_FILE=os.path.join(top, "rabbitmq.conf"),
+               RABBITMQ_MNESIA_BASE=os.path.join(top, "mnesia"),
+               RABBITMQ_LOG_BASE=os.path.join(top, "log"),
+               RABBITMQ_ENABLED_PLUGINS_FILE=os.path.join(top, "enabled_plugins"),
+               RABBITMQ_PID_FILE=os.path.join(top, "pid"))
+    subprocess.run(["rabbitmq-server", "-detached"], env=env, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, timeout=60)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if rabbitmqctl("-n", name, "ping", check=False).returncode == 0 and \
+                port_accepts(wait_port or node_port):
+            return top
+        time.sleep(0.5)
+    stop_node(name, top)
+    raise RuntimeError("RabbitMQ node %s did not start within %d s" % (name, timeout))
+
+
+def stop_node(name, top):
+    rabbitmqctl("-n", name, "stop", check=False)
+    shutil.rmtree(top, ignore_errors=True)

@@ -28,31 +28,10 @@ def ctl(*args, check=True):
 @pytest.fixture(scope="module")
 def pp_broker():
     """A RabbitMQ node that expects the PROXY protocol on every connection."""
-    top = tempfile.mkdtemp(prefix="acemq-pp-")
-    os.chmod(top, 0o777)
-    with open(os.path.join(top, "rabbitmq.conf"), "w") as f:
-        f.write("listeners.tcp.default = %d\nproxy_protocol = true\nloopback_users = none\n" % PORT)
-    with open(os.path.join(top, "enabled_plugins"), "w") as f:
-        f.write("[].\n")
-    env = dict(os.environ, RABBITMQ_NODENAME=NODE, RABBITMQ_NODE_PORT=str(PORT),
-               RABBITMQ_DIST_PORT=str(DIST),
-               RABBITMQ_CONFIG_FILE=os.path.join(top, "rabbitmq.conf"),
-               RABBITMQ_MNESIA_BASE=os.path.join(top, "mnesia"),
-               RABBITMQ_LOG_BASE=os.path.join(top, "log"),
-               RABBITMQ_ENABLED_PLUGINS_FILE=os.path.join(top, "enabled_plugins"),
-               RABBITMQ_PID_FILE=os.path.join(top, "pid"))
-    subprocess.run(["rabbitmq-server", "-detached"], env=env, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL, timeout=60)
-    deadline = time.time() + 90
-    while time.time() < deadline:
-        if ctl("ping", check=False).returncode == 0 and support.port_accepts(PORT):
-            break
-        time.sleep(1)
-    else:
-        pytest.fail("the PROXY protocol broker node did not start")
+    top = support.start_node(NODE, "listeners.tcp.default = %d\nproxy_protocol = true\n"
+                             "loopback_users = none\n" % PORT, PORT, DIST)
     yield PORT
-    ctl("stop", check=False)
-    shutil.rmtree(top, ignore_errors=True)
+    support.stop_node(NODE, top)
 
 
 def start_proxy(*extra):

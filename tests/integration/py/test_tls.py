@@ -184,33 +184,14 @@ def test_reload_picks_up_a_new_certificate(rabbitmq, pki):
 @pytest.fixture(scope="module")
 def tls_broker(pki):
     """A RabbitMQ node of the test's own with a TLS listener."""
-    top = tempfile.mkdtemp(prefix="acemq-tls-node-")
-    os.chmod(top, 0o777)
-    with open(os.path.join(top, "rabbitmq.conf"), "w") as f:
-        f.write("listeners.tcp.default = %d\nlisteners.ssl.default = %d\nloopback_users = none\n"
-                "ssl_options.cacertfile = %s\nssl_options.certfile = %s\nssl_options.keyfile = %s\n"
-                "ssl_options.verify = verify_none\nssl_options.fail_if_no_peer_cert = false\n"
-                % (PLAIN_PORT, TLS_PORT, p(pki, "ca.pem"), p(pki, "server.pem"),
-                   p(pki, "server.key")))
-    with open(os.path.join(top, "enabled_plugins"), "w") as f:
-        f.write("[].\n")
-    env = dict(os.environ, RABBITMQ_NODENAME=NODE, RABBITMQ_NODE_PORT=str(PLAIN_PORT),
-               RABBITMQ_DIST_PORT=str(DIST),
-               RABBITMQ_CONFIG_FILE=os.path.join(top, "rabbitmq.conf"),
-               RABBITMQ_MNESIA_BASE=os.path.join(top, "mnesia"),
-               RABBITMQ_LOG_BASE=os.path.join(top, "log"),
-               RABBITMQ_ENABLED_PLUGINS_FILE=os.path.join(top, "enabled_plugins"),
-               RABBITMQ_PID_FILE=os.path.join(top, "pid"))
-    subprocess.run(["rabbitmq-server", "-detached"], env=env, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL, timeout=60)
-    deadline = time.time() + 90
-    while not support.port_accepts(TLS_PORT):
-        if time.time() > deadline:
-            pytest.fail("the TLS broker node did not start")
-        time.sleep(0.5)
+    conf = ("listeners.tcp.default = %d\nlisteners.ssl.default = %d\nloopback_users = none\n"
+            "ssl_options.cacertfile = %s\nssl_options.certfile = %s\nssl_options.keyfile = %s\n"
+            "ssl_options.verify = verify_none\nssl_options.fail_if_no_peer_cert = false\n"
+            % (PLAIN_PORT, TLS_PORT, p(pki, "ca.pem"), p(pki, "server.pem"),
+               p(pki, "server.key")))
+    top = support.start_node(NODE, conf, PLAIN_PORT, DIST, wait_port=TLS_PORT)
     yield TLS_PORT
-    support.rabbitmqctl("-n", NODE, "stop", check=False)
-    shutil.rmtree(top, ignore_errors=True)
+    support.stop_node(NODE, top)
 
 
 def test_tls_to_the_broker_and_on_both_legs(pki, tls_broker):
