@@ -2,6 +2,8 @@
  * other entry, and its type, exactly as it was. */
 #include "table.h"
 
+#include <inttypes.h>
+#include <stdio.h>
 #include <string.h>
 
 int table_find(const amqp_table_t *t, const char *key)
@@ -75,4 +77,51 @@ int table_remove(amqp_table_t *t, const char *key)
 		(size_t)(t->num_entries - i - 1) * sizeof(t->entries[0]));
 	t->num_entries--;
 	return 1;
+}
+
+size_t table_get_text(const amqp_table_t *t, const char *key, char num[32], const void **out)
+{
+	int i = table_find(t, key), n;
+	const amqp_field_value_t *v;
+
+	*out = NULL;
+	if (i < 0)
+		return 0;
+	v = &t->entries[i].value;
+	switch (v->kind) {
+	case AMQP_FIELD_KIND_UTF8:
+	case AMQP_FIELD_KIND_BYTES:
+		*out = v->value.bytes.bytes;
+		return v->value.bytes.len;
+	case AMQP_FIELD_KIND_I8:
+		n = snprintf(num, 32, "%" PRId8, v->value.i8);
+		break;
+	case AMQP_FIELD_KIND_U8:
+		n = snprintf(num, 32, "%" PRIu8, v->value.u8);
+		break;
+	case AMQP_FIELD_KIND_I16:
+		n = snprintf(num, 32, "%" PRId16, v->value.i16);
+		break;
+	case AMQP_FIELD_KIND_U16:
+		n = snprintf(num, 32, "%" PRIu16, v->value.u16);
+		break;
+	case AMQP_FIELD_KIND_I32:
+		n = snprintf(num, 32, "%" PRId32, v->value.i32);
+		break;
+	case AMQP_FIELD_KIND_U32:
+		n = snprintf(num, 32, "%" PRIu32, v->value.u32);
+		break;
+	case AMQP_FIELD_KIND_I64:
+		n = snprintf(num, 32, "%" PRId64, v->value.i64);
+		break;
+	case AMQP_FIELD_KIND_U64:
+		n = snprintf(num, 32, "%" PRIu64, v->value.u64);
+		break;
+	default:
+		return 0; /* a float, a table, ...: not an identity */
+	}
+	if (n <= 0 || n >= 32)
+		return 0;
+	*out = num;
+	return (size_t)n;
 }

@@ -13,6 +13,7 @@
 #include "../../amqp/content.h"
 #include "../../amqp/frame_scan.h"
 #include "../../amqp/method.h"
+#include "../../amqp/table.h"
 #include "../channel.h"
 #include "../log.h"
 #include "../pipeline.h"
@@ -124,56 +125,10 @@ static struct channel *dedup_publish_channel(struct session *s, uint16_t id)
 static size_t dedup_publish_value(const amqp_basic_properties_t *p, const char *name,
 				  char num[32], const void **out)
 {
-	size_t nlen = strlen(name);
-	int i, n;
-
 	*out = NULL;
 	if (p == NULL || !(p->_flags & AMQP_BASIC_HEADERS_FLAG))
 		return 0;
-	for (i = 0; i < p->headers.num_entries; i++) {
-		const amqp_table_entry_t *t = &p->headers.entries[i];
-		const amqp_field_value_t *v = &t->value;
-
-		if (t->key.len != nlen || memcmp(t->key.bytes, name, nlen) != 0)
-			continue;
-		switch (v->kind) {
-		case AMQP_FIELD_KIND_UTF8:
-		case AMQP_FIELD_KIND_BYTES:
-			*out = v->value.bytes.bytes;
-			return v->value.bytes.len;
-		case AMQP_FIELD_KIND_I8:
-			n = snprintf(num, 32, "%" PRId8, v->value.i8);
-			break;
-		case AMQP_FIELD_KIND_U8:
-			n = snprintf(num, 32, "%" PRIu8, v->value.u8);
-			break;
-		case AMQP_FIELD_KIND_I16:
-			n = snprintf(num, 32, "%" PRId16, v->value.i16);
-			break;
-		case AMQP_FIELD_KIND_U16:
-			n = snprintf(num, 32, "%" PRIu16, v->value.u16);
-			break;
-		case AMQP_FIELD_KIND_I32:
-			n = snprintf(num, 32, "%" PRId32, v->value.i32);
-			break;
-		case AMQP_FIELD_KIND_U32:
-			n = snprintf(num, 32, "%" PRIu32, v->value.u32);
-			break;
-		case AMQP_FIELD_KIND_I64:
-			n = snprintf(num, 32, "%" PRId64, v->value.i64);
-			break;
-		case AMQP_FIELD_KIND_U64:
-			n = snprintf(num, 32, "%" PRIu64, v->value.u64);
-			break;
-		default:
-			return 0; /* a float, a table, ...: not an identity */
-		}
-		if (n <= 0 || n >= 32)
-			return 0;
-		*out = num;
-		return (size_t)n;
-	}
-	return 0;
+	return table_get_text(&p->headers, name, num, out);
 }
 
 /* A publish to a direct reply-to address, or a request that names one as

@@ -9,6 +9,7 @@
 #include "../../amqp/content.h"
 #include "../../amqp/frame_scan.h"
 #include "../../amqp/method.h"
+#include "../../amqp/table.h"
 #include "../channel.h"
 #include "../engine.h"
 #include "../log.h"
@@ -408,7 +409,6 @@ static size_t idempotency_key(const struct rules_idempotency *r, amqp_basic_prop
 	char num[32];
 	const void *src = NULL;
 	size_t len = 0;
-	int i;
 
 	*out = NULL;
 	if (r->key == RULES_KEY_MESSAGE_ID) {
@@ -417,40 +417,8 @@ static size_t idempotency_key(const struct rules_idempotency *r, amqp_basic_prop
 			len = p->message_id.len;
 		}
 	} else if (r->key == RULES_KEY_HEADER) {
-		for (i = 0;
-		     p && (p->_flags & AMQP_BASIC_HEADERS_FLAG) && i < p->headers.num_entries;
-		     i++) {
-			amqp_table_entry_t *t = &p->headers.entries[i];
-
-			if (t->key.len != strlen(r->key_name) ||
-			    memcmp(t->key.bytes, r->key_name, t->key.len) != 0)
-				continue;
-			switch (t->value.kind) {
-			case AMQP_FIELD_KIND_UTF8:
-			case AMQP_FIELD_KIND_BYTES:
-				src = t->value.value.bytes.bytes;
-				len = t->value.value.bytes.len;
-				break;
-			case AMQP_FIELD_KIND_I64:
-				len = (size_t)snprintf(num, sizeof(num), "%" PRId64,
-						       t->value.value.i64);
-				src = num;
-				break;
-			case AMQP_FIELD_KIND_U64:
-				len = (size_t)snprintf(num, sizeof(num), "%" PRIu64,
-						       t->value.value.u64);
-				src = num;
-				break;
-			case AMQP_FIELD_KIND_I32:
-				len = (size_t)snprintf(num, sizeof(num), "%" PRId32,
-						       t->value.value.i32);
-				src = num;
-				break;
-			default:
-				break;
-			}
-			break;
-		}
+		if (p && (p->_flags & AMQP_BASIC_HEADERS_FLAG))
+			len = table_get_text(&p->headers, r->key_name, num, &src);
 	} else if (body) {
 		size_t n = evbuffer_get_length(body);
 		const char *text =

@@ -3,6 +3,7 @@
 #include "amqp/content.h"
 #include "amqp/frame_scan.h"
 #include "amqp/method.h"
+#include "amqp/table.h"
 
 #include "tests/unit/unit.h"
 
@@ -213,6 +214,38 @@ START_TEST(body_reframed_at_frame_max)
 }
 END_TEST
 
+/* A header read as an identity: strings as they are, integers of every
+ * width in decimal, anything else none. */
+START_TEST(table_text_of_each_kind)
+{
+	amqp_table_entry_t e[4];
+	amqp_table_t t = {4, e};
+	const void *out;
+	char num[32];
+
+	e[0].key = amqp_cstring_bytes("s");
+	e[0].value.kind = AMQP_FIELD_KIND_UTF8;
+	e[0].value.value.bytes = amqp_cstring_bytes("order-7");
+	e[1].key = amqp_cstring_bytes("u16");
+	e[1].value.kind = AMQP_FIELD_KIND_U16;
+	e[1].value.value.u16 = 65535;
+	e[2].key = amqp_cstring_bytes("i64");
+	e[2].value.kind = AMQP_FIELD_KIND_I64;
+	e[2].value.value.i64 = INT64_MIN;
+	e[3].key = amqp_cstring_bytes("f");
+	e[3].value.kind = AMQP_FIELD_KIND_F64;
+	e[3].value.value.f64 = 1.5;
+	ck_assert_int_eq(table_get_text(&t, "s", num, &out), 7);
+	ck_assert(memcmp(out, "order-7", 7) == 0);
+	ck_assert_int_eq(table_get_text(&t, "u16", num, &out), 5);
+	ck_assert(memcmp(out, "65535", 5) == 0);
+	ck_assert_int_eq(table_get_text(&t, "i64", num, &out), 20);
+	ck_assert(memcmp(out, "-9223372036854775808", 20) == 0);
+	ck_assert_int_eq(table_get_text(&t, "f", num, &out), 0);
+	ck_assert_int_eq(table_get_text(&t, "missing", num, &out), 0);
+}
+END_TEST
+
 int main(void)
 {
 	TCase *tc = tcase_create("core");
@@ -224,5 +257,6 @@ int main(void)
 	tcase_add_test(tc, truncated_method_refused);
 	tcase_add_test(tc, props_round_trip);
 	tcase_add_test(tc, body_reframed_at_frame_max);
+	tcase_add_test(tc, table_text_of_each_kind);
 	return unit_run("codec", tc, 1);
 }
