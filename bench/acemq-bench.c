@@ -51,6 +51,7 @@ struct bench_opts {
 	long delay_ms;                      /* > 0: each publish carries an x-delay header */
 	const char *exchange, *routing_key; /* publish there instead of the queue */
 	const char *cacert;                 /* TLS: the CA the server is verified against */
+	const char *id_header;              /* each publish carries a unique value in it */
 	int window;
 	int auto_ack;
 	int prefetch;
@@ -581,26 +582,38 @@ static void bench_publish_loop(struct bench_worker *w, uint64_t start, uint64_t 
 			next += interval_ns;
 		if (stamp)
 			memcpy(body.bytes, &now, sizeof(now));
-		if (bench_opts.message_ids || bench_opts.delay_ms > 0) {
+		if (bench_opts.message_ids || bench_opts.delay_ms > 0 || bench_opts.id_header) {
 			char id[48];
 			amqp_basic_properties_t props;
-			amqp_table_entry_t delay;
+			amqp_table_entry_t hdr[2];
 
 			props._flags = 0;
+			props.headers.num_entries = 0;
+			props.headers.entries = hdr;
+			snprintf(id, sizeof(id), "%d-%d-%" PRIu64, (int)getpid(), w->index,
+				 w->published);
 			if (bench_opts.message_ids) {
 				props._flags |= AMQP_BASIC_MESSAGE_ID_FLAG;
-				snprintf(id, sizeof(id), "%d-%d-%" PRIu64, (int)getpid(),
-					 w->index, w->published);
 				props.message_id = amqp_cstring_bytes(id);
 			}
 			if (bench_opts.delay_ms > 0) {
-				delay.key = amqp_cstring_bytes("x-delay");
-				delay.value.kind = AMQP_FIELD_KIND_I64;
-				delay.value.value.i64 = bench_opts.delay_ms;
-				props._flags |= AMQP_BASIC_HEADERS_FLAG;
-				props.headers.num_entries = 1;
-				props.headers.entries = &delay;
+				hdr[props.headers.num_entries].key =
+				    amqp_cstring_bytes("x-delay");
+				hdr[props.headers.num_entries].value.kind = AMQP_FIELD_KIND_I64;
+				hdr[props.headers.num_entries++].value.value.i64 =
+				    bench_opts.delay_ms;
 			}
+			if (bench_opts.id_header) {
+				/* a unique value in the named header (publish dedup) */
+				hdr[props.headers.num_entries].key =
+				    amqp_cstring_bytes(bench_opts.id_header);
+				hdr[props.headers.num_entries].value.kind =
+				    AMQP_FIELD_KIND_UTF8;
+				hdr[props.headers.num_entries++].value.value.bytes =
+				    amqp_cstring_bytes(id);
+			}
+			if (props.headers.num_entries)
+				props._flags |= AMQP_BASIC_HEADERS_FLAG;
 			rc = amqp_basic_publish(w->conn, 1, exchange, rkey, 0, 0, &props, body);
 		} else {
 			rc = amqp_basic_publish(w->conn, 1, exchange, rkey, 0, 0, NULL, body);
@@ -1245,6 +1258,7 @@ static void bench_usage(FILE *out)
 	    "      --exchange NAME      publish to this exchange (default: \"\")\n"
 	    "      --routing-key KEY    with this routing key (default: the queue)\n"
 	    "      --tls-ca FILE        connect with TLS, the server verified against FILE\n"
+	    "      --id-header NAME     give each publish a unique value in header NAME\n"
 	    "  -a, --auto-ack           consumers use auto-ack (default: manual acks)\n"
 	    "      --ack-every N        ack every Nth delivery with multiple=true (default 1)\n"
 	    "  -q, --prefetch N         basic.qos prefetch count, 0 unlimited (default 100)\n"
@@ -1357,6 +1371,7 @@ enum {
 	BENCH_OPT_EXCHANGE,
 	BENCH_OPT_ROUTING_KEY,
 	BENCH_OPT_TLS_CA,
+	BENCH_OPT_ID_HEADER,
 };
 
 static const struct option bench_long_opts[] = {
@@ -1376,6 +1391,7 @@ static const struct option bench_long_opts[] = {
     {"exchange", required_argument, NULL, BENCH_OPT_EXCHANGE},
     {"routing-key", required_argument, NULL, BENCH_OPT_ROUTING_KEY},
     {"tls-ca", required_argument, NULL, BENCH_OPT_TLS_CA},
+    {"id-header", required_argument, NULL, BENCH_OPT_ID_HEADER},
     {"auto-ack", no_argument, NULL, 'a'},
     {"ack-every", required_argument, NULL, BENCH_OPT_ACK_EVERY},
     {"prefetch", required_argument, NULL, 'q'},
@@ -1454,6 +1470,9 @@ static int bench_parse_args(int argc, char **argv)
 			break;
 		case BENCH_OPT_TLS_CA:
 			bench_opts.cacert = optarg;
+			break;
+		case BENCH_OPT_ID_HEADER:
+			bench_opts.id_header = optarg;
 			break;
 		case 'a':
 			bench_opts.auto_ack = 1;
