@@ -374,9 +374,11 @@ static void admin_stats(struct evhttp_request *req, void *arg)
 		evbuffer_add_printf(
 		    out,
 		    ",\n  \"state_commits\": %llu,\n  \"state_writes\": %llu,\n  "
-		    "\"state_write_errors\": %llu,\n  \"state_full_errors\": %llu",
+		    "\"state_write_errors\": %llu,\n  \"state_full_errors\": %llu,\n  "
+		    "\"state_used_bytes\": %llu,\n  \"state_map_bytes\": %llu",
 		    (unsigned long long)c.commits, (unsigned long long)c.writes,
-		    (unsigned long long)c.write_errors, (unsigned long long)c.full_errors);
+		    (unsigned long long)c.write_errors, (unsigned long long)c.full_errors,
+		    (unsigned long long)c.used_bytes, (unsigned long long)c.map_bytes);
 	}
 #define ADMIN_PRINT(name, metric, labels, help) \
 	evbuffer_add_printf(out, ",\n  \"%s\": %llu", #name, (unsigned long long)sum.name);
@@ -391,6 +393,42 @@ static void admin_stats(struct evhttp_request *req, void *arg)
 			  "application/json");
 	evhttp_send_reply(req, 200, "OK", out);
 	evbuffer_free(out);
+}
+
+/* The histogram of the time messages a hook looked at spent in the proxy. */
+static void admin_msg_time(struct evbuffer *out)
+{
+	static const uint64_t bounds[STATS_TIME_BUCKETS] = STATS_TIME_BOUNDS_US;
+	uint64_t b[STATS_TIME_BUCKETS + 1] = {0}, sum = 0, count = 0, cum = 0;
+	int i, k;
+
+	for (i = 0; i < admin_nworkers; i++) {
+		const struct stats *st = &admin_workers[i].stats;
+
+		for (k = 0; k <= STATS_TIME_BUCKETS; k++)
+			b[k] += __atomic_load_n(&st->msg_time[k], __ATOMIC_RELAXED);
+		sum += __atomic_load_n(&st->msg_time_sum_us, __ATOMIC_RELAXED);
+		count += __atomic_load_n(&st->msg_time_count, __ATOMIC_RELAXED);
+	}
+	evbuffer_add_printf(out, "# HELP acemq_proxy_message_seconds time a message a pattern "
+				 "looked at spent in the proxy\n"
+				 "# TYPE acemq_proxy_message_seconds histogram\n");
+	for (k = 0; k <= STATS_TIME_BUCKETS; k++) {
+		cum += b[k];
+		if (k < STATS_TIME_BUCKETS)
+			evbuffer_add_printf(
+			    out, "acemq_proxy_message_seconds_bucket{le=\"%g\"} %llu\n",
+			    (double)bounds[k] / 1e6, (unsigned long long)cum);
+		else
+			evbuffer_add_printf(
+			    out, "acemq_proxy_message_seconds_bucket{le=\"+Inf\"} %llu\n",
+			    (unsigned long long)cum);
+	}
+	evbuffer_add_printf(
+	    out,
+	    "acemq_proxy_message_seconds_sum %g\nacemq_proxy_message_seconds_count "
+	    "%llu\n",
+	    (double)sum / 1e6, (unsigned long long)count);
 }
 
 /* GET /metrics: the counters in Prometheus' text format. */
@@ -428,10 +466,18 @@ static void admin_metrics(struct evhttp_request *req, void *arg)
 		    "why\n"
 		    "# TYPE acemq_proxy_state_write_errors_total counter\n"
 		    "acemq_proxy_state_write_errors_total{why=\"full\"} %llu\n"
-		    "acemq_proxy_state_write_errors_total{why=\"other\"} %llu\n",
+		    "acemq_proxy_state_write_errors_total{why=\"other\"} %llu\n"
+		    "# HELP acemq_proxy_state_used_bytes LMDB pages in use (claims, keys, "
+		    "windows)\n"
+		    "# TYPE acemq_proxy_state_used_bytes gauge\n"
+		    "acemq_proxy_state_used_bytes %llu\n"
+		    "# HELP acemq_proxy_state_map_bytes the largest the LMDB state may grow\n"
+		    "# TYPE acemq_proxy_state_map_bytes gauge\n"
+		    "acemq_proxy_state_map_bytes %llu\n",
 		    (unsigned long long)c.commits, (unsigned long long)c.writes,
 		    (unsigned long long)c.full_errors,
-		    (unsigned long long)(c.write_errors - c.full_errors));
+		    (unsigned long long)(c.write_errors - c.full_errors),
+		    (unsigned long long)c.used_bytes, (unsigned long long)c.map_bytes);
 	}
 	/* Counters of one metric are listed together: HELP and TYPE once. */
 #define ADMIN_METRIC(name, metric, labels, help)                                            \
@@ -444,6 +490,7 @@ static void admin_metrics(struct evhttp_request *req, void *arg)
 			    labels[0] ? "}" : "", (unsigned long long)sum.name);
 	STATS_COUNTERS(ADMIN_METRIC)
 #undef ADMIN_METRIC
+	admin_msg_time(out);
 	engine_metrics(out);
 	vstats_metrics(out);
 	evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",

@@ -12,6 +12,7 @@
 #include <event2/buffer.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static const struct pipe_hook *pipeline_hooks[PIPELINE_MAX_HOOKS];
 static int pipeline_nhooks;
@@ -79,6 +80,14 @@ void pipeline_detach(struct session *s)
 	s->nhooks = 0;
 }
 
+static uint64_t pipeline_now_us(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
 struct pipe_msg *pipe_msg_new(enum pipe_kind kind, uint16_t channel)
 {
 	struct pipe_msg *m = calloc(1, sizeof(*m));
@@ -88,6 +97,7 @@ struct pipe_msg *pipe_msg_new(enum pipe_kind kind, uint16_t channel)
 	m->kind = kind;
 	m->channel = channel;
 	m->streamer = -1;
+	m->started_us = pipeline_now_us();
 	init_amqp_pool(&m->pool, 4096);
 	m->raw = evbuffer_new();
 	if (m->raw == NULL) {
@@ -249,6 +259,7 @@ static int pipeline_emit(struct session *s, struct pipe_msg *m, struct evbuffer 
 	uint64_t size = m->body_size;
 	int rc = 0;
 
+	stats_msg_time(&s->w->stats, pipeline_now_us() - m->started_us);
 	if (m->method_dirty) {
 		evbuffer_drain(raw, m->raw_method_len);
 		rc |= method_write(out, m->channel, m->method_id, m->method);

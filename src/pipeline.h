@@ -51,7 +51,8 @@ struct pipe_msg {
 	int want;                          /* union of what the hooks asked for */
 	int hook_want[PIPELINE_MAX_HOOKS]; /* what each hook asked for */
 	int next_hook;                     /* after a hook waited: the next to ask */
-	int streamer; /* index of the hook taking the body as a stream, or -1 */
+	int streamer;        /* index of the hook taking the body as a stream, or -1 */
+	uint64_t started_us; /* monotonic: its first frame was read */
 	unsigned method_dirty : 1, props_dirty : 1, body_dirty : 1;
 };
 

@@ -92,10 +92,33 @@
 	X(dedup_store_errors, "acemq_proxy_dedup_publish_store_errors_total", "",         \
 	  "publish-dedup checks or writes that failed (the publish was forwarded)")
 
+/* The time a message a hook looked at spent in the proxy, from its first
+ * frame read to its last frame queued out: bucket bounds in microseconds. */
+#define STATS_TIME_BUCKETS 10
+#define STATS_TIME_BOUNDS_US                                                         \
+	{                                                                            \
+		100, 500, 1000, 5000, 10000, 50000, 100000, 500000, 1000000, 5000000 \
+	}
+
 struct stats {
 #define STATS_FIELD(name, metric, labels, help) uint64_t name;
 	STATS_COUNTERS(STATS_FIELD)
 #undef STATS_FIELD
+	uint64_t msg_time[STATS_TIME_BUCKETS + 1]; /* the last: above every bound */
+	uint64_t msg_time_sum_us, msg_time_count;
 };
+
+/* On the worker that owns st. */
+static inline void stats_msg_time(struct stats *st, uint64_t us)
+{
+	static const uint64_t bounds[STATS_TIME_BUCKETS] = STATS_TIME_BOUNDS_US;
+	int i;
+
+	for (i = 0; i < STATS_TIME_BUCKETS && us > bounds[i]; i++)
+		;
+	__atomic_fetch_add(&st->msg_time[i], 1, __ATOMIC_RELAXED);
+	__atomic_fetch_add(&st->msg_time_sum_us, us, __ATOMIC_RELAXED);
+	__atomic_fetch_add(&st->msg_time_count, 1, __ATOMIC_RELAXED);
+}
 
 #endif

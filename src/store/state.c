@@ -433,7 +433,14 @@ out:
 
 void state_counters(struct state *st, struct state_counters *out)
 {
+	MDB_envinfo info;
+	MDB_stat stat;
+
 	pthread_mutex_lock(&st->lock);
 	*out = st->counters;
 	pthread_mutex_unlock(&st->lock);
+	if (mdb_env_info(st->env, &info) == 0 && mdb_env_stat(st->env, &stat) == 0) {
+		out->used_bytes = (uint64_t)(info.me_last_pgno + 1) * stat.ms_psize;
+		out->map_bytes = (uint64_t)info.me_mapsize;
+	}
 }

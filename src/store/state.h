@@ -88,6 +88,7 @@ int state_scan(struct state *st, const char *db, const void *first, size_t flen,
 /* Counters since start, for the admin view. */
 struct state_counters {
 	uint64_t commits, writes, write_errors, full_errors;
+	uint64_t used_bytes, map_bytes; /* pages in use, and the map's size */
 };
 void state_counters(struct state *st, struct state_counters *out);
 

@@ -341,6 +341,13 @@ def test_metrics_parse(proxy):
     late = fams["acemq_proxy_schedule_lateness_seconds"]
     count = [s.value for s in late.samples if s.name.endswith("_count")][0]
     assert count == stats["delivered"]
+    # every rewritten publish was a message the proxy held: timed
+    held = fams["acemq_proxy_message_seconds"]
+    held_count = [s.value for s in held.samples if s.name.endswith("_count")][0]
+    buckets = [s for s in held.samples if s.name.endswith("_bucket")]
+    assert held_count >= stats["scheduled"] > 0
+    assert buckets[-1].labels["le"] == "+Inf" and buckets[-1].value == held_count
+    assert fams["acemq_proxy_state_used_bytes"].samples[0].value > 0
 
 
 def test_engine_survives_a_broker_restart(proxy, target):
