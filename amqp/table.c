@@ -32,39 +32,43 @@ int table_get_string(const amqp_table_t *t, const char *key, amqp_bytes_t *out)
 	return 0;
 }
 
-int table_set_string(amqp_table_t *t, amqp_pool_t *pool, const char *key, amqp_bytes_t value)
+int table_set(amqp_table_t *t, amqp_pool_t *pool, const char *key,
+	      const amqp_field_value_t *value)
 {
 	int i = table_find(t, key);
-	amqp_table_entry_t *e;
+	amqp_table_entry_t *n;
 	size_t klen = strlen(key);
-	void *copy;
+	void *kcopy;
 
-	copy = amqp_pool_alloc(pool, value.len ? value.len : 1);
-	if (copy == NULL)
-		return -1;
-	memcpy(copy, value.bytes, value.len);
 	if (i >= 0) {
-		e = &t->entries[i];
-	} else {
-		amqp_table_entry_t *n =
-		    amqp_pool_alloc(pool, (size_t)(t->num_entries + 1) * sizeof(*n));
-		void *kcopy = amqp_pool_alloc(pool, klen);
-
-		if (n == NULL || kcopy == NULL)
-			return -1;
-		if (t->num_entries)
-			memcpy(n, t->entries, (size_t)t->num_entries * sizeof(*n));
-		memcpy(kcopy, key, klen);
-		e = &n[t->num_entries];
-		e->key.bytes = kcopy;
-		e->key.len = klen;
-		t->entries = n;
-		t->num_entries++;
+		t->entries[i].value = *value;
+		return 0;
 	}
-	e->value.kind = AMQP_FIELD_KIND_UTF8;
-	e->value.value.bytes.bytes = copy;
-	e->value.value.bytes.len = value.len;
+	n = amqp_pool_alloc(pool, (size_t)(t->num_entries + 1) * sizeof(*n));
+	kcopy = amqp_pool_alloc(pool, klen);
+	if (n == NULL || kcopy == NULL)
+		return -1;
+	if (t->num_entries)
+		memcpy(n, t->entries, (size_t)t->num_entries * sizeof(*n));
+	memcpy(kcopy, key, klen);
+	n[t->num_entries].key.bytes = kcopy;
+	n[t->num_entries].key.len = klen;
+	n[t->num_entries].value = *value;
+	t->entries = n;
+	t->num_entries++;
 	return 0;
+}
+
+int table_set_string(amqp_table_t *t, amqp_pool_t *pool, const char *key, amqp_bytes_t value)
+{
+	amqp_field_value_t v = {.kind = AMQP_FIELD_KIND_UTF8};
+
+	v.value.bytes.bytes = amqp_pool_alloc(pool, value.len ? value.len : 1);
+	if (v.value.bytes.bytes == NULL)
+		return -1;
+	memcpy(v.value.bytes.bytes, value.bytes, value.len);
+	v.value.bytes.len = value.len;
+	return table_set(t, pool, key, &v);
 }
 
 int table_remove(amqp_table_t *t, const char *key)

@@ -13,6 +13,11 @@ int table_find(const amqp_table_t *t, const char *key);
  * returns 0 and fills out, or -1. */
 int table_get_string(const amqp_table_t *t, const char *key, amqp_bytes_t *out);
 
+/* Set key to value (of any kind, stored as it is): replaced in place if
+ * present, else appended; a new entry's storage comes from pool. 0 or -1. */
+int table_set(amqp_table_t *t, amqp_pool_t *pool, const char *key,
+	      const amqp_field_value_t *value);
+
 /* Set key to a longstr value: replaced in place if present, else appended.
  * New storage comes from pool. 0 or -1. */
 int table_set_string(amqp_table_t *t, amqp_pool_t *pool, const char *key, amqp_bytes_t value);

@@ -80,7 +80,7 @@ struct engine {
 	amqp_connection_state_t conn;
 	int consuming, ladder_declared;
 	uint64_t next_seq;
-	struct engine_pending *pend;
+	struct engine_pending *pend, **pend_tail; /* in publish order */
 	int64_t retry_at, backoff_ms;
 	int down_logged, malformed_logged;
 	int64_t forbidden_logged_at;
@@ -251,6 +251,7 @@ struct engine *engine_get(const char *vhost)
 		fcntl(e->wake[1], F_SETFD, FD_CLOEXEC);
 		pthread_mutex_init(&e->lock, NULL);
 		e->queue_tail = &e->queue;
+		e->pend_tail = &e->pend;
 		e->backoff_ms = ENGINE_BACKOFF_MIN_MS;
 		if (engine_enabled() && pthread_create(&e->thread, NULL, engine_main, e) == 0)
 			e->started = 1;
@@ -398,6 +399,7 @@ static void engine_fail_pending(struct engine *e)
 		free(p);
 	}
 	e->pend = NULL;
+	e->pend_tail = &e->pend;
 }
 
 /* Let the connection go; the broker gets back what was not acknowledged. */
@@ -698,7 +700,7 @@ static struct engine_pending *engine_publish(struct engine *e, enum engine_kind 
 					     const amqp_basic_properties_t *props,
 					     amqp_bytes_t body)
 {
-	struct engine_pending *p = calloc(1, sizeof(*p)), **tail;
+	struct engine_pending *p = calloc(1, sizeof(*p));
 
 	if (p == NULL)
 		return NULL;
@@ -715,9 +717,10 @@ static struct engine_pending *engine_publish(struct engine *e, enum engine_kind 
 		goto fail;
 	p->kind = kind;
 	p->seq = ++e->next_seq;
-	for (tail = &e->pend; *tail; tail = &(*tail)->next)
-		;
-	*tail = p;
+	if (e->pend == NULL)
+		e->pend_tail = &e->pend;
+	*e->pend_tail = p;
+	e->pend_tail = &p->next;
 	return p;
 fail:
 	free(p->exchange.bytes);
@@ -785,9 +788,12 @@ static int engine_confirmed(struct engine *e, uint64_t seq, int multiple, int ok
 	struct engine_pending **pp = &e->pend, *p;
 	int rc = 0;
 
-	while ((p = *pp) != NULL) {
-		if (p->seq == seq || (multiple && p->seq < seq)) {
+	/* The list is in sequence order: nothing after seq is covered. */
+	while ((p = *pp) != NULL && p->seq <= seq) {
+		if (p->seq == seq || multiple) {
 			*pp = p->next;
+			if (p->next == NULL)
+				e->pend_tail = pp;
 			p->ok = ok;
 			rc |= engine_finish(e, p);
 		} else {

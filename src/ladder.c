@@ -124,34 +124,6 @@ enum ladder_delay ladder_delay(const amqp_table_t *t, const char *name, int64_t 
 	return n > 0 ? LADDER_DELAY_OK : LADDER_DELAY_NOW;
 }
 
-/* Append or replace key with a value of any kind. */
-static int ladder_set(amqp_table_t *t, amqp_pool_t *pool, const char *key,
-		      const amqp_field_value_t *value)
-{
-	int i = table_find(t, key);
-	amqp_table_entry_t *n;
-	size_t klen = strlen(key);
-	void *kcopy;
-
-	if (i >= 0) {
-		t->entries[i].value = *value;
-		return 0;
-	}
-	n = amqp_pool_alloc(pool, (size_t)(t->num_entries + 1) * sizeof(*n));
-	kcopy = amqp_pool_alloc(pool, klen);
-	if (n == NULL || kcopy == NULL)
-		return -1;
-	if (t->num_entries)
-		memcpy(n, t->entries, (size_t)t->num_entries * sizeof(*n));
-	memcpy(kcopy, key, klen);
-	n[t->num_entries].key.bytes = kcopy;
-	n[t->num_entries].key.len = klen;
-	n[t->num_entries].value = *value;
-	t->entries = n;
-	t->num_entries++;
-	return 0;
-}
-
 static void ladder_headers(amqp_basic_properties_t *p)
 {
 	if (!(p->_flags & AMQP_BASIC_HEADERS_FLAG)) {
@@ -169,7 +141,7 @@ static int ladder_add(amqp_basic_properties_t *p, amqp_pool_t *pool, amqp_bytes_
 	ladder_headers(p);
 	if (table_set_string(&p->headers, pool, LADDER_H_EXCHANGE, exchange) != 0 ||
 	    table_set_string(&p->headers, pool, LADDER_H_ROUTING, routing_key) != 0 ||
-	    ladder_set(&p->headers, pool, LADDER_H_DUE_AT, &due) != 0 ||
+	    table_set(&p->headers, pool, LADDER_H_DUE_AT, &due) != 0 ||
 	    table_set_string(&p->headers, pool, LADDER_H_CONTENT, content_type) != 0)
 		return -1;
 	return 0;
