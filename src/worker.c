@@ -12,6 +12,9 @@
 
 struct worker_settings worker_settings;
 
+/* The worker whose loop runs on this thread, if any. */
+static __thread struct worker *worker_self;
+
 static void worker_check_drained(struct worker *w)
 {
 	if (w->draining && w->nsessions == 0)
@@ -100,10 +103,38 @@ static void worker_notify_cb(evutil_socket_t fd, short what, void *arg)
 	}
 }
 
+int worker_defer(struct worker *w, struct worker_call *c)
+{
+	if (worker_self != w)
+		return -1;
+	c->next = NULL;
+	if (w->deferred == NULL) {
+		w->deferred_tail = &w->deferred;
+		/* Queued behind the events already active in this turn. */
+		event_active(w->turn_end, EV_READ, 0);
+	}
+	*w->deferred_tail = c;
+	w->deferred_tail = &c->next;
+	return 0;
+}
+
+static void worker_turn_end_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct worker *w = arg;
+	struct worker_call *c = w->deferred, *next;
+
+	w->deferred = NULL;
+	for (; c; c = next) {
+		next = c->next;
+		c->fn(c); /* may free c */
+	}
+}
+
 static void *worker_main(void *arg)
 {
 	struct worker *w = arg;
 
+	worker_self = w;
 	event_base_loop(w->base, EVLOOP_NO_EXIT_ON_EMPTY);
 	return NULL;
 }
@@ -120,6 +151,9 @@ int worker_init(struct worker *w, int index)
 	/* Never added: other threads make it active to hand work over. */
 	w->notify = event_new(w->base, -1, 0, worker_notify_cb, w);
 	if (w->notify == NULL)
+		return -1;
+	w->turn_end = event_new(w->base, -1, 0, worker_turn_end_cb, w);
+	if (w->turn_end == NULL)
 		return -1;
 	return 0;
 }
@@ -182,6 +216,8 @@ void worker_fini(struct worker *w)
 	if (w->drain_timer)
 		event_free(w->drain_timer);
 	event_free(w->notify);
+	if (w->turn_end)
+		event_free(w->turn_end);
 	event_base_free(w->base);
 	empty_amqp_pool(&w->pool);
 	pthread_mutex_destroy(&w->lock);

@@ -68,6 +68,8 @@ struct worker {
 	struct rules *rules;                     /* the set this worker applies */
 	struct rules *rules_pending;             /* under lock: the next set */
 	struct worker_call *calls, **calls_tail; /* under lock: posted work */
+	struct event *turn_end;                  /* runs what was deferred */
+	struct worker_call *deferred, **deferred_tail;
 };
 
 /* Set up a worker's loop without starting its thread (tests drive it). */
@@ -80,6 +82,11 @@ int worker_assign(struct worker *w, int fd, const struct sockaddr *sa, int salen
 void worker_drain(struct worker *w);
 /* From any thread: run c->fn on the worker's loop, in posting order. */
 void worker_post(struct worker *w, struct worker_call *c);
+/* On a worker's own running thread: run c->fn once the events of this
+ * turn of its loop have run (work gathered over a turn goes out as one).
+ * Anywhere else (a loop driven by a test, another thread): -1, and the
+ * caller does the work at once. */
+int worker_defer(struct worker *w, struct worker_call *c);
 /* On the worker: run what was posted (also done by the loop itself). */
 void worker_run_posted(struct worker *w);
 /* From any thread: apply a new rules set (takes a reference). */

@@ -66,6 +66,7 @@ struct dedup_publish_entry {
 	unsigned ahead : 1;     /* checked ahead: its publish is not read yet */
 	unsigned answered : 1;  /* the check's answer is in rc and answer */
 	unsigned reserved : 1;  /* the value is reserved for it in the store */
+	unsigned recheck : 1;   /* an "in flight" answer to its check is stale */
 	int rc;
 	enum idem_answer answer;
 	size_t elen, vlen;
@@ -281,22 +282,32 @@ static void dedup_publish_let_go(struct dedup_publish_entry *e, enum idem_op wha
 		stats->dedup_forgotten++;
 }
 
-/* The outcome of e is on its way to the store: a publish of the same
- * value waiting for it is checked again at once (its check goes after). */
+static void dedup_publish_recheck(struct dedup_publish_entry *x);
+
+/* The outcome of e is on its way to the store: the checks of the same
+ * value that were told it is in flight are asked again now, in this
+ * turn, so they go out with that outcome and share its commit: a publish
+ * waiting for it, one looked ahead at, one whose check is still out. */
 static void dedup_publish_kick(struct dedup_publish *st, const struct dedup_publish_entry *e)
 {
-	struct dedup_publish_entry *x;
+	struct dedup_publish_entry *x, *next;
 	struct timeval now = {0, 0};
 
-	if (st->nwaiting == 0)
-		return;
-	for (x = st->checks.head; x; x = x->next)
-		if (x != e && x->phase == PHASE_WAITING && x->timer &&
-		    dedup_publish_same(x, e)) {
+	for (x = st->checks.head; x; x = next) {
+		next = x->next;
+		if (x == e || !dedup_publish_same(x, e))
+			continue;
+		if (x->phase == PHASE_WAITING && x->timer) {
 			x->poll_ms = DEDUP_PUBLISH_POLL_MIN_MS;
 			evtimer_del(x->timer);
 			evtimer_add(x->timer, &now);
+		} else if (x->op) {
+			x->recheck = 1;
+		} else if (x->ahead && x->answered && x->rc == STATE_OK &&
+			   x->answer == IDEM_IN_PROGRESS) {
+			dedup_publish_recheck(x);
 		}
+	}
 }
 
 static void dedup_publish_again(evutil_socket_t fd, short what, void *arg);
@@ -418,9 +429,30 @@ static void dedup_publish_done_in(struct session *s, void *arg)
 	e->rc = op->req.w.rc;
 	e->answer = op->req.answer;
 	e->reserved = e->rc == STATE_OK && e->answer == IDEM_CLAIMED;
+	if (e->recheck && e->rc == STATE_OK && e->answer == IDEM_IN_PROGRESS) {
+		/* The value's outcome was written after this check: ask
+		 * again rather than wait. */
+		dedup_publish_recheck(e);
+		if (!e->answered)
+			return;
+	}
 	if (e->m == NULL)
 		return; /* looked ahead: decided when its publish is read */
 	dedup_publish_resume(e, s);
+}
+
+/* Ask about x's value again (its check is not out); when it cannot be
+ * asked, x is answered with a store error (forwarded, not remembered). */
+static void dedup_publish_recheck(struct dedup_publish_entry *x)
+{
+	x->recheck = 0;
+	x->answered = 0;
+	x->op = dedup_publish_submit(x, IDEM_CLAIM);
+	if (x->op == NULL) {
+		x->st->s->w->stats.dedup_store_errors++;
+		x->answered = 1;
+		x->rc = STATE_IO;
+	}
 }
 
 static void dedup_publish_done(struct worker_call *c)

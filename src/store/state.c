@@ -318,21 +318,77 @@ void state_close(struct state *st)
 	free(st);
 }
 
-void state_submit(struct state *st, struct state_write *w)
+/* Queue a list of writes; one wake-up of the writer for all of them. */
+static void state_enqueue(struct state *st, struct state_write *head, struct state_write **tail)
 {
-	w->next = NULL;
-	w->rc = STATE_OK;
+	struct state_write *w, *next;
+
 	pthread_mutex_lock(&st->lock);
 	if (st->stop) {
 		pthread_mutex_unlock(&st->lock);
-		w->rc = STATE_CLOSED;
-		worker_post(w->w, &w->call);
+		for (w = head; w; w = next) {
+			next = w->next;
+			w->rc = STATE_CLOSED;
+			worker_post(w->w, &w->call);
+		}
 		return;
 	}
-	*st->tail = w;
-	st->tail = &w->next;
+	*st->tail = head;
+	st->tail = tail;
 	pthread_cond_signal(&st->cond);
 	pthread_mutex_unlock(&st->lock);
+}
+
+/* A worker's writes of one loop turn, handed to the writer together when
+ * the turn ends: they share a commit however quick the writer is. */
+struct state_turn {
+	struct worker_call end;
+	int armed; /* end is deferred on this thread's worker */
+	struct state *st;
+	struct state_write *head, **tail;
+};
+
+static __thread struct state_turn state_turn;
+
+static void state_turn_send(struct state_turn *t)
+{
+	struct state_write *head = t->head;
+
+	t->head = NULL;
+	if (head)
+		state_enqueue(t->st, head, t->tail);
+}
+
+static void state_turn_end(struct worker_call *c)
+{
+	struct state_turn *t = (struct state_turn *)c;
+
+	t->armed = 0;
+	state_turn_send(t);
+}
+
+void state_submit(struct state *st, struct state_write *w)
+{
+	struct state_turn *t = &state_turn;
+
+	w->next = NULL;
+	w->rc = STATE_OK;
+	if (!t->armed) {
+		t->end.fn = state_turn_end;
+		if (w->w == NULL || worker_defer(w->w, &t->end) != 0) {
+			state_enqueue(st, w, &w->next);
+			return;
+		}
+		t->armed = 1;
+	}
+	if (t->head && t->st != st)
+		state_turn_send(t); /* another environment (tests) */
+	if (t->head == NULL) {
+		t->st = st;
+		t->tail = &t->head;
+	}
+	*t->tail = w;
+	t->tail = &w->next;
 }
 
 int state_get(struct state *st, const char *db, const void *key, size_t klen,

@@ -285,7 +285,9 @@ def test_in_flight_publishes_wait_for_the_first(dd):
 def test_pipelined_batch_keeps_order(dd):
     """Many publishes sent at once, values repeating among them and some
     without the header: the first of each value and every bare one arrive,
-    in publish order; every publish is acked; the checks share commits."""
+    in publish order; every publish is acked; the checks share commits:
+    those of one loop turn go out together, and the checks told a value
+    was in flight are asked again with that value's outcome."""
     q = queue()
     values = [uuid.uuid4().hex for _ in range(20)]
     sent, want, seen = [], [], set()
@@ -323,7 +325,8 @@ def test_pipelined_batch_keeps_order(dd):
     assert after["dedup_first"] - before["dedup_first"] == len(values)
     checked = len([1 for _, props in sent if props])
     assert after["dedup_duplicate"] - before["dedup_duplicate"] == checked - len(values)
-    assert after["state_commits"] - before["state_commits"] < checked
+    commits = after["state_commits"] - before["state_commits"]
+    assert commits < checked // 4, (commits, checked)
 
 
 def test_two_connections_race(dd):
