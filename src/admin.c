@@ -578,6 +578,16 @@ static void admin_rules(struct evhttp_request *req, void *arg)
 			evbuffer_add_printf(out, ", \"window_s\": %ld}",
 					    v->dedup_publish.window_s);
 		}
+		if (v->upstream.n) {
+			int k;
+
+			evbuffer_add_printf(out, ", \"upstream\": [");
+			for (k = 0; k < v->upstream.n; k++) {
+				evbuffer_add_printf(out, "%s", k ? ", " : "");
+				admin_json_str(out, upstream_node(v->upstream.at[k])->name);
+			}
+			evbuffer_add_printf(out, "]");
+		}
 		evbuffer_add_printf(out, ", \"schedule\": %s, \"idempotency\": %d}",
 				    v->schedule.enabled ? "true" : "false", v->nidempotency);
 	}

@@ -16,6 +16,7 @@
 #include "rules.h"
 #include "store/state.h"
 #include "tls.h"
+#include "upstream.h"
 #include "vstats.h"
 
 #include <amqp_ssl_socket.h>
@@ -507,6 +508,20 @@ static int engine_proxy_header(struct engine *e)
 	return send(fd, pp, n, MSG_NOSIGNAL) == (ssize_t)n ? 0 : -1;
 }
 
+/* The vhost's own broker list from the rules in force (n 0: none). */
+static struct upstream_list engine_upstreams(struct engine *e)
+{
+	struct upstream_list l = {0};
+	const struct rules_vhost *v;
+
+	pthread_mutex_lock(&e->lock);
+	v = e->rules ? rules_vhost(e->rules, e->vhost) : NULL;
+	if (v)
+		l = v->upstream;
+	pthread_mutex_unlock(&e->lock);
+	return l;
+}
+
 static int engine_connect(struct engine *e)
 {
 	struct timeval tv = {engine_cfg.connect_timeout_ms / 1000,
@@ -518,23 +533,35 @@ static int engine_connect(struct engine *e)
 	amqp_rpc_reply_t r;
 	int i, rc = -1;
 
-	for (i = 0; i < engine_cfg.naddr && rc != 0; i++) {
+	struct upstream_list own = engine_upstreams(e);
+	int naddr = own.n ? own.n : engine_cfg.naddr, port;
+	char host[256];
+	const char *h;
+
+	for (i = 0; i < naddr && rc != 0; i++) {
+		/* The vhost's own brokers when its rules name them. */
+		if (own.n == 0) {
+			h = engine_cfg.hosts[i];
+			port = engine_cfg.ports[i];
+		} else if (config_addr_split(upstream_node(own.at[i])->name, host, sizeof(host),
+					     &port) == 0) {
+			h = host;
+		} else {
+			continue;
+		}
 		if ((e->conn = amqp_new_connection()) == NULL)
 			return -1;
-		sock = tls_upstream() ? engine_tls_socket(e, engine_cfg.hosts[i])
-				      : amqp_tcp_socket_new(e->conn);
+		sock = tls_upstream() ? engine_tls_socket(e, h) : amqp_tcp_socket_new(e->conn);
 		if (sock == NULL) {
 			amqp_destroy_connection(e->conn);
 			e->conn = NULL;
 			return -1;
 		}
-		rc = amqp_socket_open_noblock(sock, engine_cfg.hosts[i], engine_cfg.ports[i],
-					      &tv);
+		rc = amqp_socket_open_noblock(sock, h, port, &tv);
 		if (rc != AMQP_STATUS_OK) {
 			if (!e->down_logged)
 				log_warning("engine: vhost %s: cannot reach %s:%d: %s",
-					    e->vhost, engine_cfg.hosts[i], engine_cfg.ports[i],
-					    amqp_error_string2(rc));
+					    e->vhost, h, port, amqp_error_string2(rc));
 			amqp_destroy_connection(e->conn);
 			e->conn = NULL;
 			rc = -1;

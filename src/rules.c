@@ -363,12 +363,46 @@ static char *rules_read(struct rules_ctx *c, const char *path)
 	return buf;
 }
 
+/* "upstream": ["HOST:PORT", ...], the vhost's brokers in the order tried;
+ * each is resolved now (one that does not resolve fails the load). */
+static void rules_parse_upstream(struct rules_ctx *c, const cJSON *o, struct upstream_list *l)
+{
+	const cJSON *it;
+	char err[320];
+	int i, k;
+
+	if (!cJSON_IsArray(o) || cJSON_GetArraySize(o) == 0) {
+		rules_error(c, "upstream",
+			    "must be a non-empty array of \"HOST:PORT\" strings");
+		return;
+	}
+	cJSON_ArrayForEach (it, o) {
+		if (!cJSON_IsString(it)) {
+			rules_error(c, "upstream",
+				    "must be a non-empty array of \"HOST:PORT\" strings");
+			return;
+		}
+		i = upstream_intern(it->valuestring, err, sizeof(err));
+		if (i < 0) {
+			rules_error(c, "upstream", "%s", err);
+			return;
+		}
+		for (k = 0; k < l->n && l->at[k] != i; k++)
+			;
+		if (k < l->n) {
+			rules_error(c, "upstream", "%s is named twice", it->valuestring);
+			return;
+		}
+		l->at[l->n++] = (unsigned char)i;
+	}
+}
+
 /* Parse one file into v; returns the number of errors in it. */
 static int rules_parse_file(struct rules_ctx *c, const char *path, struct rules_vhost *v)
 {
-	static const char *const keys[] = {"vhost",    "reply_to",      "claim_check",
-					   "schedule", "dedup_publish", "idempotency",
-					   NULL};
+	static const char *const keys[] = {
+	    "vhost",         "reply_to",    "claim_check", "schedule",
+	    "dedup_publish", "idempotency", "upstream",    NULL};
 	static const char *const reply_keys[] = {"enabled", NULL};
 	int before = c->nerrors;
 	const cJSON *o;
@@ -415,6 +449,9 @@ static int rules_parse_file(struct rules_ctx *c, const char *path, struct rules_
 	o = cJSON_GetObjectItemCaseSensitive(root, "idempotency");
 	if (o)
 		rules_parse_idempotency(c, o, v);
+	o = cJSON_GetObjectItemCaseSensitive(root, "upstream");
+	if (o)
+		rules_parse_upstream(c, o, &v->upstream);
 	cJSON_Delete(root);
 	return c->nerrors - before;
 }
@@ -489,6 +526,8 @@ struct rules *rules_load(const char *dir, FILE *err, int *nerrors)
 			rules_vhost_free(v);
 			continue;
 		}
+		if (v->upstream.n)
+			r->any_upstream = 1;
 		r->n++;
 	}
 	for (i = 0; i < nnames; i++)

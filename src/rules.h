@@ -6,6 +6,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "upstream.h"
+
 struct topic;
 
 struct rules_match {
@@ -62,6 +64,7 @@ struct rules_vhost {
 	struct rules_dedup_publish dedup_publish;
 	struct rules_idempotency *idempotency;
 	int nidempotency;
+	struct upstream_list upstream; /* n 0: the global list */
 };
 
 struct rules {
@@ -69,6 +72,7 @@ struct rules {
 	uint64_t generation;
 	struct rules_vhost *v;
 	int n;
+	int any_upstream; /* a vhost names brokers of its own: the proxy greets clients */
 };
 
 /* Load every *.json file of dir. Each error is printed to err as

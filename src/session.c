@@ -7,6 +7,7 @@
 #include "../amqp/method.h"
 #include "../amqp/proxyproto.h"
 #include "config.h"
+#include "greeting.h"
 #include "limits.h"
 #include "log.h"
 #include "rules.h"
@@ -28,6 +29,8 @@
 #include <string.h>
 
 #define REPLY_CONNECTION_FORCED     320
+#define REPLY_ACCESS_REFUSED        403
+#define REPLY_COMMAND_INVALID       503
 #define REPLY_FRAME_ERROR           501
 #define REPLY_SYNTAX_ERROR          502
 #define REPLY_CHANNEL_ERROR         504
@@ -62,6 +65,7 @@ static void session_write_cb(struct transport *tr, void *arg);
 static void session_event_cb(struct transport *tr, int what, int err, void *arg);
 static void session_event(struct session *s, struct leg *l, enum session_event ev, int err);
 static int session_pump(struct session *s, struct leg *from);
+static void session_forward(struct session *s, struct leg *from, size_t len);
 
 static struct leg *session_other(struct session *s, struct leg *l)
 {
@@ -129,6 +133,7 @@ static void session_destroy(struct session *s)
 	free(s->chans);
 	if (s->timer)
 		event_free(s->timer);
+	greeting_free(s->greeting);
 	s->w->stats.connections_closed++;
 	worker_session_remove(s->w, s);
 	free(s);
@@ -168,6 +173,31 @@ static void session_end(struct session *s)
 }
 
 static int session_connect_next(struct session *s);
+static void session_shut(struct session *s, uint16_t code, const char *text);
+
+/* The proxy greeted the client and no broker took the connection: the
+ * client, waiting for open-ok, is told why. */
+static void session_greeting_failed(struct session *s, uint16_t code, const char *text)
+{
+	session_log(s, LOG_WARNING, "refused: %s", text);
+	greeting_free(s->greeting);
+	s->greeting = NULL;
+	session_shut(s, code, text);
+}
+
+/* No broker address answered. */
+static void session_unreachable(struct session *s)
+{
+	char text[256];
+
+	if (s->greeting == NULL) {
+		session_end(s);
+		return;
+	}
+	snprintf(text, sizeof(text), "CONNECTION_FORCED - no broker for vhost '%s' answers",
+		 s->vhost);
+	session_greeting_failed(s, REPLY_CONNECTION_FORCED, text);
+}
 
 static void session_timer(struct session *s)
 {
@@ -179,7 +209,8 @@ static void session_timer(struct session *s)
 		s->w->stats.upstream_failures++;
 		if (session_connect_next(s) == 0)
 			return; /* the next broker address */
-		break;
+		session_unreachable(s);
+		return;
 	case SESSION_HEADER:
 	case SESSION_HANDSHAKE:
 		session_log(s, LOG_WARNING, "handshake not finished within %ld ms",
@@ -495,7 +526,8 @@ static int session_connect_upstream(struct session *s)
 	const struct upstream_node *n;
 	int i;
 
-	while (tr == NULL && (i = upstream_pick(s->upstream_tried)) >= 0) {
+	while (tr == NULL && (i = upstream_pick(s->upstreams.n ? &s->upstreams : NULL,
+						s->upstream_tried)) >= 0) {
 		n = upstream_node(i);
 		s->upstream_tried |= 1u << i;
 		s->upstream_at = i;
@@ -611,6 +643,21 @@ static int session_header(struct session *s)
 	}
 	evbuffer_drain(in, sizeof(hdr));
 	memcpy(s->header, hdr, sizeof(hdr));
+	if (s->w->rules && s->w->rules->any_upstream) {
+		/* The broker depends on the vhost, named only at
+		 * connection.open: the proxy greets the client itself. */
+		s->greeting = greeting_new();
+		if (s->greeting == NULL ||
+		    greeting_start(s->greeting, transport_output(s->client.tr)) != 0) {
+			session_end(s);
+			return -1;
+		}
+		s->started = 1;
+		/* Its own handshake: a refusal says why, also before tune-ok. */
+		s->closable = 1;
+		session_set_state(s, SESSION_HANDSHAKE);
+		return 0;
+	}
 	if (session_connect_upstream(s) != 0) {
 		session_end(s);
 		return -1;
@@ -620,29 +667,33 @@ static int session_header(struct session *s)
 
 /* ---- frames the proxy looks at ---------------------------------------- */
 
+static void session_leg_tune(struct session *s, struct leg *l)
+{
+	size_t room = (size_t)s->frame_max + 4096;
+
+	if (l->tr == NULL)
+		return;
+	if (room < (size_t)worker_settings.buffer_limit)
+		room = (size_t)worker_settings.buffer_limit;
+	transport_set_read_high(l->tr, room);
+	/* A peer is dead after two missed heartbeat intervals. */
+	transport_set_read_timeout(l->tr, 2000L * s->heartbeat);
+}
+
+/* The client's tuning is known: frame_max and heartbeats apply to both
+ * legs (the broker leg may come later: session_leg_tune). */
 static void session_tuned(struct session *s, const amqp_connection_tune_ok_t *t)
 {
-	size_t room;
-
 	s->channel_max = t->channel_max ? t->channel_max : 65535;
 	s->frame_max = t->frame_max          ? t->frame_max
 		       : s->broker_frame_max ? s->broker_frame_max
 					     : SESSION_FRAME_MAX_UNLIMITED;
 	s->heartbeat = t->heartbeat;
-	room = (size_t)s->frame_max + 4096;
-	if (room < (size_t)worker_settings.buffer_limit)
-		room = (size_t)worker_settings.buffer_limit;
-	transport_set_read_high(s->client.tr, room);
-	if (s->upstream.tr)
-		transport_set_read_high(s->upstream.tr, room);
-	/* A peer is dead after two missed heartbeat intervals. */
-	transport_set_read_timeout(s->client.tr, 2000L * s->heartbeat);
+	session_leg_tune(s, &s->client);
 	/* Until tune-ok the broker meets a protocol error by closing the
 	 * socket without a word; from here on it says connection.close. */
 	s->closable = 1;
-	if (s->upstream.tr)
-		transport_set_read_timeout(s->upstream.tr, 2000L * s->heartbeat);
-	session_set_state(s, SESSION_OPEN);
+	session_leg_tune(s, &s->upstream);
 }
 
 static void session_start_ok(struct session *s, const amqp_connection_start_ok_t *m)
@@ -664,6 +715,147 @@ static void session_start_ok(struct session *s, const amqp_connection_start_ok_t
 		snprintf(s->user, sizeof(s->user), "(%.*s)", (int)m->mechanism.len,
 			 (const char *)m->mechanism.bytes);
 	}
+}
+
+/* connection.open names the vhost: its limit, its rules. 0, or -1 when
+ * refused (the session is closing). */
+static int session_opening(struct session *s, const amqp_connection_open_t *o,
+			   const struct frame_info *fi)
+{
+	snprintf(s->vhost, sizeof(s->vhost), "%.*s", (int)o->virtual_host.len,
+		 (const char *)o->virtual_host.bytes);
+	if (limits_vhost_enter(s->vhost) != 0) {
+		session_refuse(s, LIMITS_MAX_CONNECTIONS_PER_VHOST, fi);
+		return -1;
+	}
+	s->vhost_counted = limits_max_per_vhost() > 0;
+	pipeline_attach(s);
+	return 0;
+}
+
+/* The proxy greets the client: its start-ok, tune-ok and open are taken
+ * here (and kept for the broker), its close answered. 0, or -1 when the
+ * session closed. */
+static int session_greet_client(struct session *s, const struct frame_info *fi,
+				amqp_method_number_t id, void *m)
+{
+	struct evbuffer *in = transport_input(s->client.tr);
+	struct evbuffer *out = transport_output(s->client.tr);
+	const struct rules_vhost *v;
+	size_t len = frame_scan_wire_len(fi);
+	int rc = -1;
+
+	switch (id) {
+	case AMQP_CONNECTION_START_OK_METHOD:
+		session_start_ok(s, m);
+		rc = greeting_start_ok(s->greeting, m, in, len, out, 0);
+		break;
+	case AMQP_CONNECTION_TUNE_OK_METHOD:
+		rc = greeting_tune_ok(s->greeting, m, in, len);
+		if (rc == 0) {
+			amqp_connection_tune_ok_t t = {s->greeting->channel_max,
+						       s->greeting->frame_max,
+						       s->greeting->heartbeat};
+
+			session_tuned(s, &t);
+		}
+		break;
+	case AMQP_CONNECTION_OPEN_METHOD:
+		if (s->greeting->phase != GREETING_OPENING)
+			break;
+		if (session_opening(s, m, fi) != 0)
+			return -1;
+		if (greeting_open(s->greeting, in, len) != 0)
+			break;
+		v = session_rules(s);
+		if (v)
+			s->upstreams = v->upstream;
+		/* The client's next frames wait for the broker's open-ok. */
+		session_hold(s, DIR_TO_BROKER);
+		if (session_connect_upstream(s) != 0) {
+			session_unreachable(s);
+			return -1;
+		}
+		return 0;
+	case AMQP_CONNECTION_CLOSE_METHOD:
+		/* The client gives up before a broker was chosen. */
+		evbuffer_drain(in, len);
+		method_write(out, 0, AMQP_CONNECTION_CLOSE_OK_METHOD,
+			     &(amqp_connection_close_ok_t){0});
+		s->client.done = 1;
+		session_flush_and_go(s);
+		return -1;
+	default:
+		break;
+	}
+	if (rc == 0)
+		return 0;
+	session_protocol_error(s, REPLY_COMMAND_INVALID,
+			       id == AMQP_CONNECTION_START_OK_METHOD
+				   ? "COMMAND_INVALID - connection.start-ok out of order, or a "
+				     "mechanism other than PLAIN and AMQPLAIN"
+				   : "COMMAND_INVALID - connection method out of order",
+			       fi->class_id, fi->method_id);
+	return -1;
+}
+
+/* The broker chosen for a greeted client: its start and tune are
+ * answered with what the client said; its open-ok ends the greeting and
+ * goes to the client, as does a connection.close. 0, or -1 when the
+ * session closed. */
+static int session_greet_broker(struct session *s, const struct frame_info *fi,
+				amqp_method_number_t id, void *m)
+{
+	struct evbuffer *in = transport_input(s->upstream.tr);
+	struct evbuffer *out = transport_output(s->upstream.tr);
+	size_t len = frame_scan_wire_len(fi);
+	char why[256];
+
+	switch (id) {
+	case AMQP_CONNECTION_START_METHOD:
+		evbuffer_drain(in, len);
+		if (greeting_broker_start(s->greeting, out) == 0)
+			return 0;
+		snprintf(why, sizeof(why), "connection.start out of order");
+		break;
+	case AMQP_CONNECTION_TUNE_METHOD:
+		evbuffer_drain(in, len);
+		s->broker_frame_max = ((amqp_connection_tune_t *)m)->frame_max;
+		if (greeting_broker_tune(s->greeting, m, out, why, sizeof(why)) == 0)
+			return 0;
+		if (strncmp(why, "NOT_ALLOWED", 11) == 0) {
+			session_greeting_failed(s, REPLY_NOT_ALLOWED, why);
+			return -1;
+		}
+		break;
+	case AMQP_CONNECTION_OPEN_OK_METHOD:
+	case AMQP_CONNECTION_CLOSE_METHOD:
+		/* Open, or refused (credentials, vhost): the client has its
+		 * answer, and from here frames pass as they do for any. */
+		greeting_free(s->greeting);
+		s->greeting = NULL;
+		if (id == AMQP_CONNECTION_OPEN_OK_METHOD) {
+			session_leg_tune(s, &s->upstream);
+			session_set_state(s, SESSION_OPEN);
+			session_log(s, LOG_INFO,
+				    "open frame_max=%u channel_max=%u heartbeat=%u",
+				    s->frame_max, s->channel_max, s->heartbeat);
+		} else {
+			s->close_seen = 1;
+		}
+		session_forward(s, &s->upstream, len);
+		session_unhold(s, DIR_TO_BROKER);
+		return 0;
+	default:
+		snprintf(why, sizeof(why), "broker sent method %u.%u during the handshake",
+			 fi->class_id, fi->method_id);
+		break;
+	}
+	session_log(s, LOG_WARNING, "broker handshake failed: %s", why);
+	s->w->stats.upstream_failures++;
+	session_greeting_failed(s, REPLY_CONNECTION_FORCED,
+				"CONNECTION_FORCED - the broker's handshake went wrong");
+	return -1;
 }
 
 /* Forward the frame at the front of from's input, unchanged. */
@@ -820,6 +1012,12 @@ static int session_method(struct session *s, struct leg *from, const struct fram
 		session_forward(s, from, len); /* the broker's; pass it on */
 		return 0;
 	}
+	if (s->greeting && fi->channel == 0) {
+		rc = to_broker ? session_greet_client(s, fi, id, m)
+			       : session_greet_broker(s, fi, id, m);
+		recycle_amqp_pool(pool);
+		return rc;
+	}
 	switch (id) {
 	case AMQP_CONNECTION_START_METHOD:
 		s->started = 1;
@@ -833,21 +1031,14 @@ static int session_method(struct session *s, struct leg *from, const struct fram
 		break;
 	case AMQP_CONNECTION_TUNE_OK_METHOD:
 		session_tuned(s, m);
+		session_set_state(s, SESSION_OPEN);
 		break;
-	case AMQP_CONNECTION_OPEN_METHOD: {
-		amqp_connection_open_t *o = m;
-
-		snprintf(s->vhost, sizeof(s->vhost), "%.*s", (int)o->virtual_host.len,
-			 (const char *)o->virtual_host.bytes);
-		if (limits_vhost_enter(s->vhost) != 0) {
-			session_refuse(s, LIMITS_MAX_CONNECTIONS_PER_VHOST, fi);
+	case AMQP_CONNECTION_OPEN_METHOD:
+		if (session_opening(s, m, fi) != 0) {
 			recycle_amqp_pool(pool);
 			return -1;
 		}
-		s->vhost_counted = limits_max_per_vhost() > 0;
-		pipeline_attach(s);
 		break;
-	}
 	case AMQP_CONNECTION_OPEN_OK_METHOD:
 		session_log(s, LOG_INFO, "open frame_max=%u channel_max=%u heartbeat=%u",
 			    s->frame_max, s->channel_max, s->heartbeat);
@@ -1038,7 +1229,8 @@ static int session_classify(struct session *s, struct leg *from, const struct fr
 					       "content frame on channel 0", 0, 0);
 			return -1;
 		}
-		return session_reads(s, METHOD_ID(fi->class_id, fi->method_id));
+		return s->greeting ? 1
+				   : session_reads(s, METHOD_ID(fi->class_id, fi->method_id));
 	}
 	if (s->state < SESSION_OPEN && to_broker) {
 		session_protocol_error(s, REPLY_UNEXPECTED_FRAME,
@@ -1355,6 +1547,22 @@ static void session_leg_lost(struct session *s, struct leg *l, const char *why)
 		session_reap(s);
 		return;
 	}
+	if (l == &s->upstream && s->greeting && s->state < SESSION_FLUSHING) {
+		/* A greeted client waits for open-ok. A broker that closes
+		 * right after the credentials refused them (as RabbitMQ does
+		 * for a client that did not ask for a connection.close). */
+		int login = s->greeting->phase == GREETING_REPLAYED;
+
+		session_log(s, LOG_WARNING, "broker connection lost in the handshake: %s", why);
+		session_leg_finish(s, l);
+		session_greeting_failed(
+		    s, login ? REPLY_ACCESS_REFUSED : REPLY_CONNECTION_FORCED,
+		    login ? "ACCESS_REFUSED - login refused by the broker (it closed the "
+			    "connection "
+			    "after the credentials)"
+			  : "CONNECTION_FORCED - broker connection lost in the handshake");
+		return;
+	}
 	if (s->state == SESSION_FLUSHING || s->close_seen || s->state <= SESSION_CONNECTING) {
 		session_flush_and_go(s);
 		return;
@@ -1428,7 +1636,7 @@ static void session_leg_end(struct session *s, struct leg *l, int err)
 			    upstream_node(s->upstream_at)->name, transport_error(l->tr, err));
 		s->w->stats.upstream_failures++;
 		if (session_connect_next(s) != 0)
-			session_end(s);
+			session_unreachable(s);
 		return;
 	}
 	snprintf(why, sizeof(why), "%s", err ? transport_error(l->tr, err) : "end of stream");

@@ -5,6 +5,7 @@
 
 #include "channel.h"
 #include "pipeline.h"
+#include "upstream.h"
 
 #include <stdint.h>
 #include <sys/socket.h>
@@ -16,6 +17,7 @@ struct evbuffer;
 struct worker;
 struct rules_vhost;
 struct frame_info;
+struct greeting;
 
 enum session_state {
 	SESSION_HEADER,     /* waiting for the client's protocol header */
@@ -52,17 +54,19 @@ struct session {
 	uint32_t broker_frame_max; /* from connection.tune */
 	uint16_t channel_max;
 	uint16_t heartbeat;
-	unsigned depth;              /* events on the stack (see session_event) */
-	unsigned started : 1;        /* connection.start reached the client */
-	unsigned client_flowing : 1; /* the client's frames are read (started) */
-	unsigned closable : 1;       /* the client may be sent connection.close */
-	unsigned vhost_counted : 1;  /* counted against max_connections_per_vhost */
-	unsigned nopen;              /* channels the client has open */
-	uint8_t header[8];           /* the client's protocol header, for a failover */
-	unsigned upstream_tried;     /* broker addresses tried (a bit each) */
-	int upstream_at;             /* the one being tried or used */
-	unsigned close_seen : 1;     /* a connection.close passed through */
-	unsigned proxied : 1;        /* the load balancer's PROXY header was read */
+	unsigned depth;                 /* events on the stack (see session_event) */
+	unsigned started : 1;           /* connection.start reached the client */
+	unsigned client_flowing : 1;    /* the client's frames are read (started) */
+	unsigned closable : 1;          /* the client may be sent connection.close */
+	unsigned vhost_counted : 1;     /* counted against max_connections_per_vhost */
+	unsigned nopen;                 /* channels the client has open */
+	uint8_t header[8];              /* the client's protocol header, for a failover */
+	unsigned upstream_tried;        /* broker addresses tried (a bit each) */
+	int upstream_at;                /* the one being tried or used */
+	struct upstream_list upstreams; /* the vhost's own brokers (n 0: the global list) */
+	struct greeting *greeting;      /* the proxy greets the client, until open-ok */
+	unsigned close_seen : 1;        /* a connection.close passed through */
+	unsigned proxied : 1;           /* the load balancer's PROXY header was read */
 	unsigned logged_error : 1;
 	struct channel **chans;
 	uint32_t nchans;

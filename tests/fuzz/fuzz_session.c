@@ -43,20 +43,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 /* The script's operations; an input is a sequence of them. */
 enum fuzz_op {
-	OP_CLIENT_RAW,     /* n, bytes: raw bytes from the client */
-	OP_BROKER_RAW,     /* n, bytes: raw bytes from the broker */
-	OP_CONNECT_OK,     /* the broker leg's connect completes */
-	OP_CONNECT_FAIL,   /* it fails (connection refused) */
-	OP_TIMER,          /* the session's timer fires */
-	OP_CLIENT_CLOSE,   /* the client closes its socket */
-	OP_CLIENT_SHUT,    /* the client half-closes (shutdown write) */
-	OP_BROKER_CLOSE,   /* the broker closes its socket */
-	OP_RELOAD,         /* p: a rules reload (reply_to on "/" or no rules) */
-	OP_CLIENT_SILENT,  /* the client leg's read timeout fires */
-	OP_BROKER_SILENT,  /* the broker leg's read timeout fires */
-	OP_CLIENT_FRAME,   /* k, p: a well-formed client frame */
-	OP_BROKER_FRAME,   /* k, p: a well-formed broker frame */
-	OP_AUTO_BROKER,    /* the scripted broker answers (toggle) */
+	OP_CLIENT_RAW,    /* n, bytes: raw bytes from the client */
+	OP_BROKER_RAW,    /* n, bytes: raw bytes from the broker */
+	OP_CONNECT_OK,    /* the broker leg's connect completes */
+	OP_CONNECT_FAIL,  /* it fails (connection refused) */
+	OP_TIMER,         /* the session's timer fires */
+	OP_CLIENT_CLOSE,  /* the client closes its socket */
+	OP_CLIENT_SHUT,   /* the client half-closes (shutdown write) */
+	OP_BROKER_CLOSE,  /* the broker closes its socket */
+	OP_RELOAD,        /* p: a rules reload (every pattern, none, or brokers of "/"'s own) */
+	OP_CLIENT_SILENT, /* the client leg's read timeout fires */
+	OP_BROKER_SILENT, /* the broker leg's read timeout fires */
+	OP_CLIENT_FRAME,  /* k, p: a well-formed client frame */
+	OP_BROKER_FRAME,  /* k, p: a well-formed broker frame */
+	OP_AUTO_BROKER,   /* the scripted broker answers (toggle) */
 	OP_CLIENT_READING, /* the client stops or resumes reading (toggle) */
 	OP_SHUTDOWN,       /* the worker closes the session (drain deadline) */
 	OP_BROKER_ERROR,   /* the broker leg's socket fails (ECONNRESET) */
@@ -66,7 +66,7 @@ enum fuzz_op {
 struct fuzz {
 	int ready;
 	struct worker w;
-	struct rules *rules[2];
+	struct rules *rules[3];
 	int client_fd, broker_fd; /* the peers' ends */
 	int connect_refuse;       /* the next connect fails at once */
 	int auto_broker, client_reading;
@@ -213,6 +213,9 @@ static void fuzz_init(void)
 		dedup_publish_init(st);
 	}
 	fz.rules[1] = fuzz_rules(NULL);
+	/* Brokers of the vhost's own: the proxy greets clients itself. */
+	fz.rules[2] = fuzz_rules("{\"vhost\": \"/\", \"reply_to\": {\"enabled\": true}, "
+				 "\"upstream\": [\"127.0.0.1:5672\", \"127.0.0.1:5673\"]}");
 	worker_set_rules(&fz.w, fz.rules[0]); /* in force from the first loop turn */
 	fz.from_proxy = evbuffer_new();
 	fz.ready = 1;
@@ -670,7 +673,7 @@ static void fuzz_op(const uint8_t *d, size_t len, size_t *at)
 		break;
 	case OP_RELOAD:
 		(*at)++;
-		worker_set_rules(&fz.w, fz.rules[a & 1]);
+		worker_set_rules(&fz.w, fz.rules[a % 3]);
 		break;
 	case OP_CLIENT_SILENT:
 		if (s && s->client.tr)

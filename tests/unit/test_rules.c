@@ -340,6 +340,63 @@ START_TEST(exchange_forms)
 }
 END_TEST
 
+START_TEST(upstream_lists)
+{
+	const struct rules_vhost *a, *b, *c;
+	struct rules *r;
+	int n;
+
+	fresh_dir();
+	put("a.json",
+	    "{\"vhost\": \"a\", \"upstream\": [\"127.0.0.1:5701\", \"localhost:5702\"]}");
+	put("b.json",
+	    "{\"vhost\": \"b\", \"upstream\": [\"127.0.0.1:5702\", \"127.0.0.1:5701\"]}");
+	put("c.json", "{\"vhost\": \"c\"}");
+	r = load(&n);
+	ck_assert_msg(r != NULL, "%s", errbuf);
+	ck_assert_int_eq(r->any_upstream, 1);
+	a = rules_vhost(r, "a");
+	b = rules_vhost(r, "b");
+	c = rules_vhost(r, "c");
+	ck_assert_int_eq(a->upstream.n, 2);
+	ck_assert_str_eq(upstream_node(a->upstream.at[0])->name, "127.0.0.1:5701");
+	ck_assert_str_eq(upstream_node(a->upstream.at[1])->name, "localhost:5702");
+	/* One table entry per address, shared by the lists; the order is
+	 * each list's own. */
+	ck_assert_int_eq(b->upstream.n, 2);
+	ck_assert_int_eq(b->upstream.at[1], a->upstream.at[0]);
+	ck_assert_str_eq(upstream_node(b->upstream.at[0])->name, "127.0.0.1:5702");
+	ck_assert_int_eq(c->upstream.n, 0);
+	/* The pick follows the list, skipping what was tried. */
+	ck_assert_int_eq(upstream_pick(&b->upstream, 0), b->upstream.at[0]);
+	ck_assert_int_eq(upstream_pick(&b->upstream, 1u << b->upstream.at[0]),
+			 a->upstream.at[0]);
+	ck_assert_int_eq(
+	    upstream_pick(&b->upstream, (1u << b->upstream.at[0]) | (1u << b->upstream.at[1])),
+	    -1);
+	rules_unref(r);
+	/* Without the key anywhere the proxy does not greet. */
+	fresh_dir();
+	put("c.json", "{\"vhost\": \"c\"}");
+	r = load(&n);
+	ck_assert_ptr_nonnull(r);
+	ck_assert_int_eq(r->any_upstream, 0);
+	rules_unref(r);
+	refused("{\"vhost\": \"v\", \"upstream\": []}", "upstream",
+		"must be a non-empty array");
+	refused("{\"vhost\": \"v\", \"upstream\": \"127.0.0.1:5672\"}", "upstream",
+		"must be a non-empty array");
+	refused("{\"vhost\": \"v\", \"upstream\": [5672]}", "upstream",
+		"must be a non-empty array");
+	refused("{\"vhost\": \"v\", \"upstream\": [\"nohost\"]}", "upstream",
+		"nohost is not HOST:PORT");
+	refused("{\"vhost\": \"v\", \"upstream\": [\"no.such.host.invalid:5672\"]}", "upstream",
+		"cannot resolve no.such.host.invalid:5672");
+	refused("{\"vhost\": \"v\", \"upstream\": [\"127.0.0.1:5701\", \"127.0.0.1:5701\"]}",
+		"upstream", "127.0.0.1:5701 is named twice");
+}
+END_TEST
+
 int main(void)
 {
 	TCase *tc = tcase_create("core");
@@ -353,5 +410,6 @@ int main(void)
 	tcase_add_test(tc, no_directory_is_empty_set);
 	tcase_add_test(tc, topic_semantics);
 	tcase_add_test(tc, exchange_forms);
+	tcase_add_test(tc, upstream_lists);
 	return unit_run("rules", tc, 0);
 }

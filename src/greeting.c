@@ -1,0 +1,179 @@
+/* greeting: the proxy's own side of the connection handshake, and its
+ * replay to the broker chosen by vhost. */
+#include "greeting.h"
+
+#include "../amqp/method.h"
+
+#include <event2/buffer.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "build_config.h"
+
+struct greeting *greeting_new(void)
+{
+	struct greeting *g = calloc(1, sizeof(*g));
+
+	if (g && (g->kept = evbuffer_new()) == NULL) {
+		free(g);
+		g = NULL;
+	}
+	return g;
+}
+
+void greeting_free(struct greeting *g)
+{
+	if (g == NULL)
+		return;
+	evbuffer_free(g->kept);
+	free(g);
+}
+
+static amqp_table_entry_t greeting_bool(const char *key)
+{
+	amqp_table_entry_t e;
+
+	e.key = amqp_cstring_bytes(key);
+	e.value.kind = AMQP_FIELD_KIND_BOOLEAN;
+	e.value.value.boolean = 1;
+	return e;
+}
+
+static amqp_table_entry_t greeting_text(const char *key, const char *value)
+{
+	amqp_table_entry_t e;
+
+	e.key = amqp_cstring_bytes(key);
+	e.value.kind = AMQP_FIELD_KIND_UTF8;
+	e.value.value.bytes = amqp_cstring_bytes(value);
+	return e;
+}
+
+int greeting_start(struct greeting *g, struct evbuffer *to_client)
+{
+	/* What RabbitMQ 3.x and 4.x announce, so clients enable the same
+	 * features; the broker chosen later is one of them. */
+	amqp_table_entry_t caps[] = {
+	    greeting_bool("publisher_confirms"),
+	    greeting_bool("exchange_exchange_bindings"),
+	    greeting_bool("basic.nack"),
+	    greeting_bool("consumer_cancel_notify"),
+	    greeting_bool("connection.blocked"),
+	    greeting_bool("consumer_priorities"),
+	    greeting_bool("authentication_failure_close"),
+	    greeting_bool("per_consumer_qos"),
+	    greeting_bool("direct_reply_to"),
+	};
+	amqp_table_entry_t props[4];
+	amqp_connection_start_t m;
+
+	props[0].key = amqp_cstring_bytes("capabilities");
+	props[0].value.kind = AMQP_FIELD_KIND_TABLE;
+	props[0].value.value.table.num_entries = (int)(sizeof(caps) / sizeof(caps[0]));
+	props[0].value.value.table.entries = caps;
+	props[1] = greeting_text("product", "acemq-proxy");
+	props[2] = greeting_text("version", PACKAGE_VERSION);
+	props[3] = greeting_text("information", "an AMQP 0-9-1 proxy in front of RabbitMQ");
+	memset(&m, 0, sizeof(m));
+	m.version_major = 0;
+	m.version_minor = 9;
+	m.server_properties.num_entries = (int)(sizeof(props) / sizeof(props[0]));
+	m.server_properties.entries = props;
+	m.mechanisms = amqp_cstring_bytes("PLAIN AMQPLAIN");
+	m.locales = amqp_cstring_bytes("en_US");
+	g->phase = GREETING_STARTED;
+	return method_write(to_client, 0, AMQP_CONNECTION_START_METHOD, &m);
+}
+
+static int greeting_is(const amqp_bytes_t *b, const char *s)
+{
+	return b->len == strlen(s) && memcmp(b->bytes, s, b->len) == 0;
+}
+
+int greeting_start_ok(struct greeting *g, const amqp_connection_start_ok_t *m,
+		      struct evbuffer *in, size_t len, struct evbuffer *to_client,
+		      uint16_t channel_max)
+{
+	amqp_connection_tune_t t;
+
+	if (g->phase != GREETING_STARTED ||
+	    !(greeting_is(&m->mechanism, "PLAIN") || greeting_is(&m->mechanism, "AMQPLAIN")))
+		return -1;
+	if (evbuffer_remove_buffer(in, g->kept, len) != (int)len)
+		return -1;
+	g->start_ok_len = len;
+	t.channel_max = channel_max ? channel_max : GREETING_CHANNEL_MAX;
+	t.frame_max = GREETING_FRAME_MAX;
+	t.heartbeat = GREETING_HEARTBEAT_S;
+	g->channel_max = t.channel_max;
+	g->phase = GREETING_TUNED;
+	return method_write(to_client, 0, AMQP_CONNECTION_TUNE_METHOD, &t);
+}
+
+int greeting_tune_ok(struct greeting *g, const amqp_connection_tune_ok_t *t,
+		     struct evbuffer *in, size_t len)
+{
+	if (g->phase != GREETING_TUNED)
+		return -1;
+	evbuffer_drain(in, len);
+	/* 0 or more than offered: what was offered (the proxy enforces it on
+	 * every frame either way). */
+	if (t->channel_max && t->channel_max < g->channel_max)
+		g->channel_max = t->channel_max;
+	g->frame_max = t->frame_max && t->frame_max < GREETING_FRAME_MAX ? t->frame_max
+									 : GREETING_FRAME_MAX;
+	g->heartbeat = t->heartbeat;
+	g->phase = GREETING_OPENING;
+	return 0;
+}
+
+int greeting_open(struct greeting *g, struct evbuffer *in, size_t len)
+{
+	if (g->phase != GREETING_OPENING)
+		return -1;
+	if (evbuffer_remove_buffer(in, g->kept, len) != (int)len)
+		return -1;
+	g->phase = GREETING_CHOSEN;
+	return 0;
+}
+
+int greeting_broker_start(struct greeting *g, struct evbuffer *out)
+{
+	if (g->phase != GREETING_CHOSEN)
+		return -1;
+	/* The broker has spoken, so this address is the one: no failover
+	 * needs the start-ok again. */
+	g->phase = GREETING_REPLAYED;
+	return evbuffer_remove_buffer(g->kept, out, g->start_ok_len) == (int)g->start_ok_len
+		   ? 0
+		   : -1;
+}
+
+int greeting_broker_tune(struct greeting *g, const amqp_connection_tune_t *t,
+			 struct evbuffer *out, char *why, size_t whylen)
+{
+	amqp_connection_tune_ok_t ok;
+
+	if (g->phase != GREETING_REPLAYED) {
+		snprintf(why, whylen, "connection.tune out of order");
+		return -1;
+	}
+	if (t->frame_max && t->frame_max < g->frame_max) {
+		snprintf(why, whylen,
+			 "NOT_ALLOWED - the broker's frame_max (%u) is below the %u the client "
+			 "was offered",
+			 t->frame_max, g->frame_max);
+		return -1;
+	}
+	ok.channel_max = g->channel_max;
+	if (t->channel_max && t->channel_max < ok.channel_max)
+		ok.channel_max = t->channel_max;
+	ok.frame_max = g->frame_max;
+	ok.heartbeat = g->heartbeat;
+	g->phase = GREETING_OPENED;
+	if (method_write(out, 0, AMQP_CONNECTION_TUNE_OK_METHOD, &ok) != 0)
+		return -1;
+	evbuffer_add_buffer(out, g->kept); /* the open */
+	return 0;
+}

@@ -1,0 +1,171 @@
+/* test_greeting: the proxy's own side of the handshake, frame by frame:
+ * what the client is offered, what is kept of its answers, and what the
+ * broker chosen later is told. */
+#include "amqp/frame_scan.h"
+#include "amqp/method.h"
+#include "src/greeting.h"
+
+#include "tests/unit/unit.h"
+
+#include <check.h>
+#include <event2/buffer.h>
+#include <string.h>
+
+static amqp_pool_t pool;
+
+/* Decode the one method frame at the front of b (drained). */
+static void *take(struct evbuffer *b, amqp_method_number_t want)
+{
+	struct frame_info fi;
+	amqp_method_number_t id;
+	void *m = NULL;
+
+	ck_assert_int_eq(frame_scan_evbuffer(b, 0, 1u << 20, &fi), FRAME_SCAN_OK);
+	ck_assert_int_eq(fi.type, FRAME_METHOD);
+	ck_assert_int_eq(fi.channel, 0);
+	ck_assert_int_eq(method_decode_evbuffer(b, fi.size, &pool, &id, &m), 0);
+	ck_assert_uint_eq(id, want);
+	evbuffer_drain(b, frame_scan_wire_len(&fi));
+	return m;
+}
+
+/* A client frame written into in; its length. */
+static size_t client_frame(struct evbuffer *in, amqp_method_number_t id, void *m)
+{
+	size_t before = evbuffer_get_length(in);
+
+	ck_assert_int_eq(method_write(in, 0, id, m), 0);
+	return evbuffer_get_length(in) - before;
+}
+
+static amqp_connection_start_ok_t start_ok(const char *mechanism)
+{
+	amqp_connection_start_ok_t s;
+
+	memset(&s, 0, sizeof(s));
+	s.mechanism = amqp_cstring_bytes(mechanism);
+	s.response = amqp_cstring_bytes("\0guest\0guest");
+	s.response.len = 12;
+	s.locale = amqp_cstring_bytes("en_US");
+	return s;
+}
+
+START_TEST(whole_handshake)
+{
+	struct greeting *g = greeting_new();
+	struct evbuffer *in = evbuffer_new(), *to_client = evbuffer_new(),
+			*to_broker = evbuffer_new();
+	amqp_connection_start_t *st;
+	amqp_connection_tune_t *tune, btune = {0, 0, 60};
+	amqp_connection_tune_ok_t tok = {0, 8192, 30}, *sent;
+	amqp_connection_open_t open;
+	amqp_connection_start_ok_t so = start_ok("PLAIN"), *replayed;
+	char why[256];
+	size_t len;
+	int i, caps = 0;
+
+	init_amqp_pool(&pool, 4096);
+	ck_assert_int_eq(greeting_start(g, to_client), 0);
+	st = take(to_client, AMQP_CONNECTION_START_METHOD);
+	ck_assert_int_eq(st->version_major, 0);
+	ck_assert_int_eq(st->version_minor, 9);
+	ck_assert_int_eq((int)st->mechanisms.len, 14);
+	ck_assert(memcmp(st->mechanisms.bytes, "PLAIN AMQPLAIN", 14) == 0);
+	for (i = 0; i < st->server_properties.num_entries; i++)
+		if (st->server_properties.entries[i].key.len == 12 &&
+		    memcmp(st->server_properties.entries[i].key.bytes, "capabilities", 12) == 0)
+			caps = st->server_properties.entries[i].value.value.table.num_entries;
+	ck_assert_int_ge(caps, 8);
+
+	/* A tune-ok before the start-ok is out of order. */
+	len = client_frame(in, AMQP_CONNECTION_TUNE_OK_METHOD, &tok);
+	ck_assert_int_eq(greeting_tune_ok(g, &tok, in, len), -1);
+	evbuffer_drain(in, len);
+
+	len = client_frame(in, AMQP_CONNECTION_START_OK_METHOD, &so);
+	ck_assert_int_eq(greeting_start_ok(g, &so, in, len, to_client, 0), 0);
+	ck_assert_uint_eq(evbuffer_get_length(in), 0);
+	tune = take(to_client, AMQP_CONNECTION_TUNE_METHOD);
+	ck_assert_int_eq(tune->channel_max, GREETING_CHANNEL_MAX);
+	ck_assert_uint_eq(tune->frame_max, GREETING_FRAME_MAX);
+	ck_assert_int_eq(tune->heartbeat, GREETING_HEARTBEAT_S);
+
+	len = client_frame(in, AMQP_CONNECTION_TUNE_OK_METHOD, &tok);
+	ck_assert_int_eq(greeting_tune_ok(g, &tok, in, len), 0);
+	ck_assert_uint_eq(g->frame_max, 8192);
+	ck_assert_int_eq(g->channel_max, GREETING_CHANNEL_MAX); /* 0: what was offered */
+	ck_assert_int_eq(g->heartbeat, 30);
+
+	memset(&open, 0, sizeof(open));
+	open.virtual_host = amqp_cstring_bytes("v");
+	len = client_frame(in, AMQP_CONNECTION_OPEN_METHOD, &open);
+	ck_assert_int_eq(greeting_open(g, in, len), 0);
+
+	/* The broker: the client's own start-ok, then tune-ok and open. */
+	ck_assert_int_eq(greeting_broker_tune(g, &btune, to_broker, why, sizeof(why)), -1);
+	ck_assert_int_eq(greeting_broker_start(g, to_broker), 0);
+	replayed = take(to_broker, AMQP_CONNECTION_START_OK_METHOD);
+	ck_assert_int_eq((int)replayed->response.len, 12);
+	ck_assert(memcmp(replayed->response.bytes, "\0guest\0guest", 12) == 0);
+	btune.channel_max = 100;
+	btune.frame_max = 131072;
+	ck_assert_int_eq(greeting_broker_tune(g, &btune, to_broker, why, sizeof(why)), 0);
+	sent = take(to_broker, AMQP_CONNECTION_TUNE_OK_METHOD);
+	ck_assert_int_eq(sent->channel_max, 100); /* the lower of the two */
+	ck_assert_uint_eq(sent->frame_max, 8192);
+	ck_assert_int_eq(sent->heartbeat, 30);
+	take(to_broker, AMQP_CONNECTION_OPEN_METHOD);
+	ck_assert_uint_eq(evbuffer_get_length(to_broker), 0);
+
+	greeting_free(g);
+	evbuffer_free(in);
+	evbuffer_free(to_client);
+	evbuffer_free(to_broker);
+	empty_amqp_pool(&pool);
+}
+END_TEST
+
+START_TEST(refusals)
+{
+	struct greeting *g = greeting_new();
+	struct evbuffer *in = evbuffer_new(), *out = evbuffer_new();
+	amqp_connection_start_ok_t ext = start_ok("EXTERNAL"), plain = start_ok("AMQPLAIN");
+	amqp_connection_tune_ok_t tok = {0, 0, 0};
+	amqp_connection_tune_t small = {2047, 4096, 60};
+	char why[256];
+	size_t len;
+
+	ck_assert_int_eq(greeting_start(g, out), 0);
+	len = client_frame(in, AMQP_CONNECTION_START_OK_METHOD, &ext);
+	ck_assert_int_eq(greeting_start_ok(g, &ext, in, len, out, 0), -1);
+	evbuffer_drain(in, len);
+	len = client_frame(in, AMQP_CONNECTION_START_OK_METHOD, &plain);
+	ck_assert_int_eq(greeting_start_ok(g, &plain, in, len, out, 0), 0);
+	/* A second start-ok is out of order. */
+	len = client_frame(in, AMQP_CONNECTION_START_OK_METHOD, &plain);
+	ck_assert_int_eq(greeting_start_ok(g, &plain, in, len, out, 0), -1);
+	evbuffer_drain(in, len);
+	len = client_frame(in, AMQP_CONNECTION_TUNE_OK_METHOD, &tok);
+	ck_assert_int_eq(greeting_tune_ok(g, &tok, in, len), 0);
+	ck_assert_uint_eq(g->frame_max, GREETING_FRAME_MAX); /* 0: what was offered */
+	evbuffer_add(in, "x", 1);
+	ck_assert_int_eq(greeting_open(g, in, 1), 0);
+	ck_assert_int_eq(greeting_broker_start(g, out), 0);
+	/* A broker whose frame_max is below the client's: refused, with why. */
+	ck_assert_int_eq(greeting_broker_tune(g, &small, out, why, sizeof(why)), -1);
+	ck_assert_msg(strstr(why, "NOT_ALLOWED - the broker's frame_max (4096)") != NULL, "%s",
+		      why);
+	greeting_free(g);
+	evbuffer_free(in);
+	evbuffer_free(out);
+}
+END_TEST
+
+int main(void)
+{
+	TCase *tc = tcase_create("core");
+
+	tcase_add_test(tc, whole_handshake);
+	tcase_add_test(tc, refusals);
+	return unit_run("greeting", tc, 0);
+}
