@@ -27,6 +27,25 @@ def free_port():
     return port
 
 
+def silent_listener():
+    """A listening socket whose accept queue is full, so connects to it hang;
+    returns it and the sockets that fill the queue (close them all after)."""
+    lst = socket.socket()
+    lst.bind((HOST, 0))
+    lst.listen(0)
+    fillers = []
+    for _ in range(4):
+        f = socket.socket()
+        f.setblocking(False)
+        try:
+            f.connect(lst.getsockname())
+        except BlockingIOError:
+            pass
+        fillers.append(f)
+    time.sleep(0.2)
+    return lst, fillers
+
+
 def port_accepts(port, host=HOST, timeout=0.5):
     try:
         s = socket.create_connection((host, port), timeout=timeout)

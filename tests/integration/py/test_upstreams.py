@@ -13,24 +13,6 @@ def closed_port():
     return support.free_port()  # nothing listens there: refused
 
 
-def silent_listener():
-    """A listening socket whose accept queue is full: connects hang."""
-    lst = socket.socket()
-    lst.bind((support.HOST, 0))
-    lst.listen(0)
-    fillers = []
-    for _ in range(4):
-        f = socket.socket()
-        f.setblocking(False)
-        try:
-            f.connect(lst.getsockname())
-        except BlockingIOError:
-            pass
-        fillers.append(f)
-    time.sleep(0.2)
-    return lst, fillers
-
-
 def served(port, vhost="/"):
     t0 = time.monotonic()
     conn = support.connect(port, virtual_host=vhost)
@@ -66,7 +48,7 @@ def test_refusing_first_address(rabbitmq):
 
 
 def test_silent_first_address(rabbitmq):
-    lst, fillers = silent_listener()
+    lst, fillers = support.silent_listener()
     bad = "%s:%d" % lst.getsockname()
     p = start([bad, "127.0.0.1:%d" % support.BROKER_PORT], ["--connect-timeout-ms", "800"])
     try:

@@ -292,7 +292,7 @@ def test_other_mechanism_refused(routed):
 def test_client_leaves_while_the_broker_is_reached(node_b):
     """A client that goes between its open and the broker's open-ok, at
     every point, leaves nothing behind (the proxy keeps serving)."""
-    lst, fillers = silent_listener()
+    lst, fillers = support.silent_listener()
     r = Routed({VHOST: ["%s:%d" % lst.getsockname(), "127.0.0.1:%d" % node_b]},
                ["--connect-timeout-ms", "500"])
     try:
@@ -317,23 +317,6 @@ def test_client_leaves_while_the_broker_is_reached(node_b):
         for f in fillers:
             f.close()
         lst.close()
-
-
-def silent_listener():
-    lst = socket.socket()
-    lst.bind((support.HOST, 0))
-    lst.listen(0)
-    fillers = []
-    for _ in range(4):
-        f = socket.socket()
-        f.setblocking(False)
-        try:
-            f.connect(lst.getsockname())
-        except BlockingIOError:
-            pass
-        fillers.append(f)
-    time.sleep(0.2)
-    return lst, fillers
 
 
 def tool(name, port, *args):
