@@ -2,14 +2,59 @@
  * replay to the broker chosen by vhost. */
 #include "greeting.h"
 
+#include "../amqp/content.h"
 #include "../amqp/method.h"
 
 #include <event2/buffer.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "build_config.h"
+
+#define GREETING_PROPS_MAX 16384 /* larger properties are not learned */
+
+/* The server properties last announced by a broker, encoded. */
+static struct {
+	pthread_mutex_t lock;
+	uint8_t bytes[GREETING_PROPS_MAX];
+	size_t len;
+} greeting_learned = {PTHREAD_MUTEX_INITIALIZER, {0}, 0};
+
+void greeting_learn(const amqp_table_t *server_properties)
+{
+	static _Thread_local uint8_t scratch[GREETING_PROPS_MAX];
+	amqp_bytes_t out = {sizeof(scratch), scratch};
+	size_t len = 0;
+
+	if (amqp_encode_table(out, (amqp_table_t *)server_properties, &len) != 0)
+		return;
+	pthread_mutex_lock(&greeting_learned.lock);
+	if (len != greeting_learned.len || memcmp(greeting_learned.bytes, scratch, len) != 0) {
+		memcpy(greeting_learned.bytes, scratch, len);
+		greeting_learned.len = len;
+	}
+	pthread_mutex_unlock(&greeting_learned.lock);
+}
+
+/* The learned properties decoded into pool; 0, or -1 when there are none. */
+static int greeting_props(amqp_pool_t *pool, amqp_table_t *out)
+{
+	amqp_bytes_t copy = {0, NULL};
+	size_t off = 0;
+
+	pthread_mutex_lock(&greeting_learned.lock);
+	if (greeting_learned.len &&
+	    (copy.bytes = amqp_pool_alloc(pool, greeting_learned.len)) != NULL) {
+		copy.len = greeting_learned.len;
+		memcpy(copy.bytes, greeting_learned.bytes, copy.len);
+	}
+	pthread_mutex_unlock(&greeting_learned.lock);
+	if (copy.bytes == NULL)
+		return -1;
+	return amqp_decode_table(copy, pool, out, &off) == 0 ? 0 : -1;
+}
 
 struct greeting *greeting_new(void)
 {
@@ -52,8 +97,8 @@ static amqp_table_entry_t greeting_text(const char *key, const char *value)
 
 int greeting_start(struct greeting *g, struct evbuffer *to_client)
 {
-	/* What RabbitMQ 3.x and 4.x announce, so clients enable the same
-	 * features; the broker chosen later is one of them. */
+	/* Before any broker has spoken: what RabbitMQ 3.10 to 4.x announce,
+	 * so clients enable the same features, under the proxy's name. */
 	amqp_table_entry_t caps[] = {
 	    greeting_bool("publisher_confirms"),
 	    greeting_bool("exchange_exchange_bindings"),
@@ -67,23 +112,32 @@ int greeting_start(struct greeting *g, struct evbuffer *to_client)
 	};
 	amqp_table_entry_t props[4];
 	amqp_connection_start_t m;
+	amqp_pool_t pool;
+	int rc;
 
-	props[0].key = amqp_cstring_bytes("capabilities");
-	props[0].value.kind = AMQP_FIELD_KIND_TABLE;
-	props[0].value.value.table.num_entries = (int)(sizeof(caps) / sizeof(caps[0]));
-	props[0].value.value.table.entries = caps;
-	props[1] = greeting_text("product", "acemq-proxy");
-	props[2] = greeting_text("version", PACKAGE_VERSION);
-	props[3] = greeting_text("information", "an AMQP 0-9-1 proxy in front of RabbitMQ");
 	memset(&m, 0, sizeof(m));
+	init_amqp_pool(&pool, 4096);
+	if (greeting_props(&pool, &m.server_properties) != 0) {
+		props[0].key = amqp_cstring_bytes("capabilities");
+		props[0].value.kind = AMQP_FIELD_KIND_TABLE;
+		props[0].value.value.table.num_entries = (int)(sizeof(caps) / sizeof(caps[0]));
+		props[0].value.value.table.entries = caps;
+		props[1] = greeting_text("product", "acemq-proxy");
+		props[2] = greeting_text("version", PACKAGE_VERSION);
+		props[3] =
+		    greeting_text("information", "an AMQP 0-9-1 proxy in front of RabbitMQ");
+		m.server_properties.num_entries = (int)(sizeof(props) / sizeof(props[0]));
+		m.server_properties.entries = props;
+	}
 	m.version_major = 0;
 	m.version_minor = 9;
-	m.server_properties.num_entries = (int)(sizeof(props) / sizeof(props[0]));
-	m.server_properties.entries = props;
+	/* The proxy replays the client's answer: mechanisms with one. */
 	m.mechanisms = amqp_cstring_bytes("PLAIN AMQPLAIN");
 	m.locales = amqp_cstring_bytes("en_US");
 	g->phase = GREETING_STARTED;
-	return method_write(to_client, 0, AMQP_CONNECTION_START_METHOD, &m);
+	rc = method_write(to_client, 0, AMQP_CONNECTION_START_METHOD, &m);
+	empty_amqp_pool(&pool);
+	return rc;
 }
 
 static int greeting_is(const amqp_bytes_t *b, const char *s)

@@ -39,8 +39,14 @@ struct greeting {
 struct greeting *greeting_new(void);
 void greeting_free(struct greeting *g);
 
-/* To the client: connection.start (the proxy's properties, PLAIN and
- * AMQPLAIN); 0 or -1. */
+/* A broker's connection.start passed (any session, any worker): its server
+ * properties are what greeted clients are shown from then on, so a client
+ * sees the product, version and capabilities it would see without the
+ * proxy (before any broker has spoken: the proxy's own). */
+void greeting_learn(const amqp_table_t *server_properties);
+
+/* To the client: connection.start (the broker's properties as last
+ * learned, and the mechanisms PLAIN and AMQPLAIN); 0 or -1. */
 int greeting_start(struct greeting *g, struct evbuffer *to_client);
 /* The client's start-ok (len bytes at the front of in, drained): kept,
  * and connection.tune offered with channel_max (0: the default). 0, or -1

@@ -813,6 +813,7 @@ static int session_greet_broker(struct session *s, const struct frame_info *fi,
 
 	switch (id) {
 	case AMQP_CONNECTION_START_METHOD:
+		greeting_learn(&((amqp_connection_start_t *)m)->server_properties);
 		evbuffer_drain(in, len);
 		if (greeting_broker_start(s->greeting, out) == 0)
 			return 0;
@@ -1020,6 +1021,9 @@ static int session_method(struct session *s, struct leg *from, const struct fram
 	}
 	switch (id) {
 	case AMQP_CONNECTION_START_METHOD:
+		/* Learned for greeted clients, when the rules make some. */
+		if (s->w->rules && s->w->rules->any_upstream)
+			greeting_learn(&((amqp_connection_start_t *)m)->server_properties);
 		s->started = 1;
 		session_set_state(s, SESSION_HANDSHAKE);
 		break;
@@ -1547,6 +1551,18 @@ static void session_leg_lost(struct session *s, struct leg *l, const char *why)
 		session_reap(s);
 		return;
 	}
+	if (l == &s->upstream && s->state < SESSION_FLUSHING && !s->close_seen &&
+	    (s->greeting ? s->greeting->phase == GREETING_CHOSEN : !s->started)) {
+		/* The broker closed before its connection.start (a node that
+		 * is starting or stopping): the client has seen nothing of
+		 * it, so the next address is tried, as for a refused connect. */
+		session_log(s, LOG_WARNING, "broker %s closed before connection.start: %s",
+			    upstream_node(s->upstream_at)->name, why);
+		s->w->stats.upstream_failures++;
+		if (session_connect_next(s) != 0)
+			session_unreachable(s);
+		return;
+	}
 	if (l == &s->upstream && s->greeting && s->state < SESSION_FLUSHING) {
 		/* A greeted client waits for open-ok. A broker that closes
 		 * right after the credentials refused them (as RabbitMQ does
@@ -1558,8 +1574,7 @@ static void session_leg_lost(struct session *s, struct leg *l, const char *why)
 		session_greeting_failed(
 		    s, login ? REPLY_ACCESS_REFUSED : REPLY_CONNECTION_FORCED,
 		    login ? "ACCESS_REFUSED - login refused by the broker (it closed the "
-			    "connection "
-			    "after the credentials)"
+			    "connection after the credentials)"
 			  : "CONNECTION_FORCED - broker connection lost in the handshake");
 		return;
 	}

@@ -9,23 +9,30 @@
 
 #include <check.h>
 #include <event2/buffer.h>
+#include <stdio.h>
 #include <string.h>
 
 static amqp_pool_t pool;
 
-/* Decode the one method frame at the front of b (drained). */
+/* Decode the one method frame at the front of b (drained); the decoded
+ * method points into a copy in the pool, not into b. */
 static void *take(struct evbuffer *b, amqp_method_number_t want)
 {
 	struct frame_info fi;
 	amqp_method_number_t id;
 	void *m = NULL;
+	uint8_t *payload;
 
 	ck_assert_int_eq(frame_scan_evbuffer(b, 0, 1u << 20, &fi), FRAME_SCAN_OK);
 	ck_assert_int_eq(fi.type, FRAME_METHOD);
 	ck_assert_int_eq(fi.channel, 0);
-	ck_assert_int_eq(method_decode_evbuffer(b, fi.size, &pool, &id, &m), 0);
+	payload = amqp_pool_alloc(&pool, fi.size);
+	ck_assert_ptr_nonnull(payload);
+	evbuffer_drain(b, FRAME_HEADER_SIZE);
+	ck_assert_int_eq(evbuffer_remove(b, payload, fi.size), (int)fi.size);
+	evbuffer_drain(b, 1); /* the frame end */
+	ck_assert_int_eq(method_decode(payload, fi.size, &pool, &id, &m), 0);
 	ck_assert_uint_eq(id, want);
-	evbuffer_drain(b, frame_scan_wire_len(&fi));
 	return m;
 }
 
@@ -161,11 +168,63 @@ START_TEST(refusals)
 }
 END_TEST
 
+/* The value of a longstr property, or "". */
+static const char *prop(const amqp_table_t *t, const char *key, char *buf, size_t len)
+{
+	int i;
+
+	buf[0] = '\0';
+	for (i = 0; i < t->num_entries; i++)
+		if (t->entries[i].key.len == strlen(key) &&
+		    memcmp(t->entries[i].key.bytes, key, strlen(key)) == 0 &&
+		    t->entries[i].value.kind == AMQP_FIELD_KIND_UTF8)
+			snprintf(buf, len, "%.*s", (int)t->entries[i].value.value.bytes.len,
+				 (const char *)t->entries[i].value.value.bytes.bytes);
+	return buf;
+}
+
+START_TEST(learned_properties)
+{
+	struct greeting *g = greeting_new();
+	struct evbuffer *out = evbuffer_new();
+	amqp_table_entry_t e[2];
+	amqp_table_t broker = {2, e};
+	amqp_connection_start_t *st;
+	char buf[64];
+
+	init_amqp_pool(&pool, 4096);
+	e[0].key = amqp_cstring_bytes("product");
+	e[0].value.kind = AMQP_FIELD_KIND_UTF8;
+	e[0].value.value.bytes = amqp_cstring_bytes("RabbitMQ");
+	e[1].key = amqp_cstring_bytes("version");
+	e[1].value.kind = AMQP_FIELD_KIND_UTF8;
+	e[1].value.value.bytes = amqp_cstring_bytes("3.10.8");
+	/* Before a broker has spoken: the proxy's own. */
+	ck_assert_int_eq(greeting_start(g, out), 0);
+	st = take(out, AMQP_CONNECTION_START_METHOD);
+	ck_assert_str_eq(prop(&st->server_properties, "product", buf, sizeof(buf)),
+			 "acemq-proxy");
+	/* After: the broker's, with the proxy's mechanisms. */
+	greeting_learn(&broker);
+	ck_assert_int_eq(greeting_start(g, out), 0);
+	st = take(out, AMQP_CONNECTION_START_METHOD);
+	ck_assert_int_eq(st->server_properties.num_entries, 2);
+	ck_assert_str_eq(prop(&st->server_properties, "product", buf, sizeof(buf)), "RabbitMQ");
+	ck_assert_str_eq(prop(&st->server_properties, "version", buf, sizeof(buf)), "3.10.8");
+	ck_assert_int_eq((int)st->mechanisms.len, 14);
+	ck_assert(memcmp(st->mechanisms.bytes, "PLAIN AMQPLAIN", 14) == 0);
+	greeting_free(g);
+	evbuffer_free(out);
+	empty_amqp_pool(&pool);
+}
+END_TEST
+
 int main(void)
 {
 	TCase *tc = tcase_create("core");
 
 	tcase_add_test(tc, whole_handshake);
 	tcase_add_test(tc, refusals);
+	tcase_add_test(tc, learned_properties); /* last: it learns for the process */
 	return unit_run("greeting", tc, 0);
 }

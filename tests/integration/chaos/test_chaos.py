@@ -224,7 +224,7 @@ def test_chaos():
             except OSError:
                 assert proc.poll() is None and time.monotonic() < deadline, "proxy did not start"
                 time.sleep(0.05)
-        _run(proc, port, admin)
+        _run(proc, port, admin, rules)
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -241,7 +241,7 @@ def test_chaos():
     assert "AddressSanitizer" not in text and "runtime error" not in text
 
 
-def _run(proc, port, admin):
+def _run(proc, port, admin, rules):
     params = pika.ConnectionParameters("127.0.0.1", port, heartbeat=30, blocked_connection_timeout=60)
     queue = CHAOS_QUEUE
 
@@ -305,8 +305,26 @@ def _run(proc, port, admin):
         except Exception as e:  # noqa: BLE001
             errors.append("consumer %d: %r" % (idx, e))
 
+    reloads = [0]
+
+    def reloader():
+        # Every two seconds a rules reload gives another vhost brokers of
+        # its own, or takes them away: the chaos clients meet the proxy
+        # passing the handshake through and greeting them itself, and
+        # sessions opened in one mode live on in the other.
+        other = os.path.join(rules, "other.json")
+        while time.monotonic() < stop_at:
+            time.sleep(2)
+            if os.path.exists(other):
+                os.unlink(other)
+            else:
+                with open(other, "w") as f:
+                    f.write('{"vhost": "acemq-chaos-other", "upstream": ["127.0.0.1:5672"]}')
+            proc.send_signal(signal.SIGHUP)
+            reloads[0] += 1
+
     chaos = [Chaos(port, random.Random(SEED + 7919 * i), stop_at) for i in range(CHAOS_THREADS)]
-    threads = [threading.Thread(target=c.run) for c in chaos]
+    threads = [threading.Thread(target=c.run) for c in chaos] + [threading.Thread(target=reloader)]
     pubs = [threading.Thread(target=publisher, args=(i,)) for i in range(PUBLISHERS)]
     cons = [threading.Thread(target=consumer, args=(i,)) for i in range(CONSUMERS)]
     for t in threads + pubs + cons:
@@ -326,8 +344,9 @@ def _run(proc, port, admin):
         st = json.loads(r.read())
     print("chaos clients:", counts, "messages sent:", len(sent), "received:", len(received),
           "offloaded:", st["claims_offloaded"], "rehydrated:", st["claims_rehydrated"],
-          "claimed:", st["idem_claimed"])
+          "claimed:", st["idem_claimed"], "rules reloads (greeting on, off):", reloads[0])
     assert st["claims_offloaded"] > 0 and st["claims_rehydrated"] > 0
+    assert reloads[0] >= 2 and st["rules_reloads"] >= reloads[0] - 1, (reloads, st["rules_reloads"])
     assert st["idem_claimed"] >= len(sent) and st["idem_duplicate"] == 0
     assert not errors, "well-behaved clients saw errors: %s" % errors
     assert sum(counts.values()) > 100

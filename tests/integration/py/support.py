@@ -46,6 +46,25 @@ def silent_listener():
     return lst, fillers
 
 
+def closing_listener():
+    """A listener that accepts each connection and closes it at once, as a
+    node that is starting or stopping may; returns it (close it after)."""
+    import threading
+    lst = socket.socket()
+    lst.bind((HOST, 0))
+    lst.listen(16)
+
+    def run():
+        while True:
+            try:
+                c, _ = lst.accept()
+            except OSError:
+                return
+            c.close()
+    threading.Thread(target=run, daemon=True).start()
+    return lst
+
+
 def port_accepts(port, host=HOST, timeout=0.5):
     try:
         s = socket.create_connection((host, port), timeout=timeout)

@@ -65,6 +65,20 @@ def test_silent_first_address(rabbitmq):
         lst.close()
 
 
+def test_first_address_closes_before_start(rabbitmq):
+    """An address that accepts and closes before connection.start: the
+    client has seen nothing of it and is served by the next one."""
+    lst = support.closing_listener()
+    bad = "%s:%d" % lst.getsockname()
+    p = start([bad, "127.0.0.1:%d" % support.BROKER_PORT])
+    try:
+        served(p.listen_port)
+        assert "broker %s closed before connection.start" % bad in p.log_text()
+    finally:
+        p.stop()
+        lst.close()
+
+
 def test_all_addresses_down(rabbitmq):
     p = start(["127.0.0.1:%d" % closed_port(), "127.0.0.1:%d" % closed_port()])
     try:
