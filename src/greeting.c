@@ -146,8 +146,7 @@ static int greeting_is(const amqp_bytes_t *b, const char *s)
 }
 
 int greeting_start_ok(struct greeting *g, const amqp_connection_start_ok_t *m,
-		      struct evbuffer *in, size_t len, struct evbuffer *to_client,
-		      uint16_t channel_max)
+		      struct evbuffer *in, size_t len, struct evbuffer *to_client)
 {
 	amqp_connection_tune_t t;
 
@@ -157,7 +156,7 @@ int greeting_start_ok(struct greeting *g, const amqp_connection_start_ok_t *m,
 	if (evbuffer_remove_buffer(in, g->kept, len) != (int)len)
 		return -1;
 	g->start_ok_len = len;
-	t.channel_max = channel_max ? channel_max : GREETING_CHANNEL_MAX;
+	t.channel_max = GREETING_CHANNEL_MAX;
 	t.frame_max = GREETING_FRAME_MAX;
 	t.heartbeat = GREETING_HEARTBEAT_S;
 	g->channel_max = t.channel_max;
@@ -210,15 +209,16 @@ int greeting_broker_tune(struct greeting *g, const amqp_connection_tune_t *t,
 	amqp_connection_tune_ok_t ok;
 
 	if (g->phase != GREETING_REPLAYED) {
-		snprintf(why, whylen, "connection.tune out of order");
-		return -1;
+		snprintf(why, whylen,
+			 "CONNECTION_FORCED - the broker sent connection.tune out of order");
+		return 320;
 	}
 	if (t->frame_max && t->frame_max < g->frame_max) {
 		snprintf(why, whylen,
 			 "NOT_ALLOWED - the broker's frame_max (%u) is below the %u the client "
 			 "was offered",
 			 t->frame_max, g->frame_max);
-		return -1;
+		return 530;
 	}
 	ok.channel_max = g->channel_max;
 	if (t->channel_max && t->channel_max < ok.channel_max)
@@ -226,8 +226,10 @@ int greeting_broker_tune(struct greeting *g, const amqp_connection_tune_t *t,
 	ok.frame_max = g->frame_max;
 	ok.heartbeat = g->heartbeat;
 	g->phase = GREETING_OPENED;
-	if (method_write(out, 0, AMQP_CONNECTION_TUNE_OK_METHOD, &ok) != 0)
-		return -1;
+	if (method_write(out, 0, AMQP_CONNECTION_TUNE_OK_METHOD, &ok) != 0) {
+		snprintf(why, whylen, "INTERNAL_ERROR - cannot write connection.tune-ok");
+		return 541;
+	}
 	evbuffer_add_buffer(out, g->kept); /* the open */
 	return 0;
 }

@@ -49,11 +49,10 @@ void greeting_learn(const amqp_table_t *server_properties);
  * learned, and the mechanisms PLAIN and AMQPLAIN); 0 or -1. */
 int greeting_start(struct greeting *g, struct evbuffer *to_client);
 /* The client's start-ok (len bytes at the front of in, drained): kept,
- * and connection.tune offered with channel_max (0: the default). 0, or -1
- * when it came out of order or names a mechanism not offered. */
+ * and connection.tune offered. 0, or -1 when it came out of order or
+ * names a mechanism not offered. */
 int greeting_start_ok(struct greeting *g, const amqp_connection_start_ok_t *m,
-		      struct evbuffer *in, size_t len, struct evbuffer *to_client,
-		      uint16_t channel_max);
+		      struct evbuffer *in, size_t len, struct evbuffer *to_client);
 /* The client's tune-ok, bounded by what was offered (drained from in). */
 int greeting_tune_ok(struct greeting *g, const amqp_connection_tune_ok_t *t,
 		     struct evbuffer *in, size_t len);
@@ -63,8 +62,8 @@ int greeting_open(struct greeting *g, struct evbuffer *in, size_t len);
 /* The broker's connection.start: the start-ok goes to out. */
 int greeting_broker_start(struct greeting *g, struct evbuffer *out);
 /* The broker's connection.tune: tune-ok with the client's values, then its
- * open, go to out; -1 with the reason in why when the client's tuning does
- * not fit the broker's. */
+ * open, go to out: 0. Else the reply code for the client (530 when the
+ * client's tuning does not fit the broker's) with the reason in why. */
 int greeting_broker_tune(struct greeting *g, const amqp_connection_tune_t *t,
 			 struct evbuffer *out, char *why, size_t whylen);
 

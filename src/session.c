@@ -748,7 +748,7 @@ static int session_greet_client(struct session *s, const struct frame_info *fi,
 	switch (id) {
 	case AMQP_CONNECTION_START_OK_METHOD:
 		session_start_ok(s, m);
-		rc = greeting_start_ok(s->greeting, m, in, len, out, 0);
+		rc = greeting_start_ok(s->greeting, m, in, len, out);
 		break;
 	case AMQP_CONNECTION_TUNE_OK_METHOD:
 		rc = greeting_tune_ok(s->greeting, m, in, len);
@@ -810,6 +810,7 @@ static int session_greet_broker(struct session *s, const struct frame_info *fi,
 	struct evbuffer *out = transport_output(s->upstream.tr);
 	size_t len = frame_scan_wire_len(fi);
 	char why[256];
+	int code;
 
 	switch (id) {
 	case AMQP_CONNECTION_START_METHOD:
@@ -822,13 +823,13 @@ static int session_greet_broker(struct session *s, const struct frame_info *fi,
 	case AMQP_CONNECTION_TUNE_METHOD:
 		evbuffer_drain(in, len);
 		s->broker_frame_max = ((amqp_connection_tune_t *)m)->frame_max;
-		if (greeting_broker_tune(s->greeting, m, out, why, sizeof(why)) == 0)
+		code = greeting_broker_tune(s->greeting, m, out, why, sizeof(why));
+		if (code == 0)
 			return 0;
-		if (strncmp(why, "NOT_ALLOWED", 11) == 0) {
-			session_greeting_failed(s, REPLY_NOT_ALLOWED, why);
-			return -1;
-		}
-		break;
+		if (code == REPLY_CONNECTION_FORCED)
+			s->w->stats.upstream_failures++; /* the broker's fault */
+		session_greeting_failed(s, (uint16_t)code, why);
+		return -1;
 	case AMQP_CONNECTION_OPEN_OK_METHOD:
 	case AMQP_CONNECTION_CLOSE_METHOD:
 		/* Open, or refused (credentials, vhost): the client has its

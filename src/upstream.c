@@ -123,11 +123,6 @@ void upstream_set_retry_ms(long ms)
 	upstream_retry_ms = ms;
 }
 
-int upstream_count(void)
-{
-	return upstream_nglobal;
-}
-
 const struct upstream_node *upstream_node(int i)
 {
 	return i >= 0 && i < atomic_load(&upstream_n) ? &upstream_nodes[i] : NULL;

@@ -33,7 +33,6 @@ int upstream_intern(const char *addr, char *err, size_t errlen);
 /* Set a node directly (tests). */
 int upstream_add_sockaddr(const struct sockaddr *sa, int salen, const char *name);
 void upstream_set_retry_ms(long ms);
-int upstream_count(void);
 const struct upstream_node *upstream_node(int i);
 
 /* The next node of list (NULL: the global one) for a client that has

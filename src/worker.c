@@ -136,6 +136,9 @@ static void *worker_main(void *arg)
 
 	worker_self = w;
 	event_base_loop(w->base, EVLOOP_NO_EXIT_ON_EMPTY);
+	/* What the last turn deferred (the writes of sessions that went). */
+	worker_turn_end_cb(-1, 0, w);
+	worker_self = NULL;
 	return NULL;
 }
 

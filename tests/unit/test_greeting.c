@@ -90,7 +90,7 @@ START_TEST(whole_handshake)
 	evbuffer_drain(in, len);
 
 	len = client_frame(in, AMQP_CONNECTION_START_OK_METHOD, &so);
-	ck_assert_int_eq(greeting_start_ok(g, &so, in, len, to_client, 0), 0);
+	ck_assert_int_eq(greeting_start_ok(g, &so, in, len, to_client), 0);
 	ck_assert_uint_eq(evbuffer_get_length(in), 0);
 	tune = take(to_client, AMQP_CONNECTION_TUNE_METHOD);
 	ck_assert_int_eq(tune->channel_max, GREETING_CHANNEL_MAX);
@@ -109,7 +109,7 @@ START_TEST(whole_handshake)
 	ck_assert_int_eq(greeting_open(g, in, len), 0);
 
 	/* The broker: the client's own start-ok, then tune-ok and open. */
-	ck_assert_int_eq(greeting_broker_tune(g, &btune, to_broker, why, sizeof(why)), -1);
+	ck_assert_int_eq(greeting_broker_tune(g, &btune, to_broker, why, sizeof(why)), 320);
 	ck_assert_int_eq(greeting_broker_start(g, to_broker), 0);
 	replayed = take(to_broker, AMQP_CONNECTION_START_OK_METHOD);
 	ck_assert_int_eq((int)replayed->response.len, 12);
@@ -144,13 +144,13 @@ START_TEST(refusals)
 
 	ck_assert_int_eq(greeting_start(g, out), 0);
 	len = client_frame(in, AMQP_CONNECTION_START_OK_METHOD, &ext);
-	ck_assert_int_eq(greeting_start_ok(g, &ext, in, len, out, 0), -1);
+	ck_assert_int_eq(greeting_start_ok(g, &ext, in, len, out), -1);
 	evbuffer_drain(in, len);
 	len = client_frame(in, AMQP_CONNECTION_START_OK_METHOD, &plain);
-	ck_assert_int_eq(greeting_start_ok(g, &plain, in, len, out, 0), 0);
+	ck_assert_int_eq(greeting_start_ok(g, &plain, in, len, out), 0);
 	/* A second start-ok is out of order. */
 	len = client_frame(in, AMQP_CONNECTION_START_OK_METHOD, &plain);
-	ck_assert_int_eq(greeting_start_ok(g, &plain, in, len, out, 0), -1);
+	ck_assert_int_eq(greeting_start_ok(g, &plain, in, len, out), -1);
 	evbuffer_drain(in, len);
 	len = client_frame(in, AMQP_CONNECTION_TUNE_OK_METHOD, &tok);
 	ck_assert_int_eq(greeting_tune_ok(g, &tok, in, len), 0);
@@ -159,7 +159,7 @@ START_TEST(refusals)
 	ck_assert_int_eq(greeting_open(g, in, 1), 0);
 	ck_assert_int_eq(greeting_broker_start(g, out), 0);
 	/* A broker whose frame_max is below the client's: refused, with why. */
-	ck_assert_int_eq(greeting_broker_tune(g, &small, out, why, sizeof(why)), -1);
+	ck_assert_int_eq(greeting_broker_tune(g, &small, out, why, sizeof(why)), 530);
 	ck_assert_msg(strstr(why, "NOT_ALLOWED - the broker's frame_max (4096)") != NULL, "%s",
 		      why);
 	greeting_free(g);

@@ -215,6 +215,15 @@ def drain(port, queue, limit=100000):
         safe_close(conn)
 
 
+def engine_ladder_ready(admin_port, vhost="/"):
+    """Whether the proxy's own connection for vhost has declared the
+    schedule ladder (GET /stats on the admin endpoint)."""
+    import json
+    import urllib.request
+    with urllib.request.urlopen("http://127.0.0.1:%d/stats" % admin_port, timeout=5) as r:
+        return json.loads(r.read())["engines"].get(vhost, {}).get("ladder_ready") == 1
+
+
 def wait_until(predicate, timeout, interval=0.05, pump=None):
     """Poll predicate until true or timeout; pump(interval) is called between
     polls (e.g. a pika connection's process_data_events)."""

@@ -129,9 +129,6 @@ def test_load_balancer_header_v1_and_v2_reaches_the_broker(pp_broker):
 
 def test_the_proxys_own_connections_carry_a_header_too(pp_broker):
     """The engine (scheduler, ladder) connects to a PROXY protocol broker."""
-    import json
-    import urllib.request
-
     rules = tempfile.mkdtemp(prefix="acemq-pp-rules-")
     data = tempfile.mkdtemp(prefix="acemq-pp-data-")
     with open(os.path.join(rules, "root.json"), "w") as f:
@@ -141,12 +138,9 @@ def test_the_proxys_own_connections_carry_a_header_too(pp_broker):
                                   "--data-dir", data, "--admin", "127.0.0.1:%d" % admin,
                                   "--engine-user", "guest", "--engine-password", "guest")
 
-    def ready():
-        with urllib.request.urlopen("http://127.0.0.1:%d/stats" % admin, timeout=5) as r:
-            return json.loads(r.read())["engines"]["/"]["ladder_ready"] == 1
-
     try:
-        assert support.wait_until(ready, 15), open(log).read()[-2000:]
+        assert support.wait_until(lambda: support.engine_ladder_ready(admin), 15), \
+            open(log).read()[-2000:]
     finally:
         stop_proxy(proc, log)
         shutil.rmtree(rules, ignore_errors=True)
