@@ -28,6 +28,7 @@ import pika
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "py"))
 import amqp_wire as wire  # noqa: E402
+import support  # noqa: E402
 
 PROXY = os.environ.get("ACEMQ_PROXY", os.path.join(HERE, "..", "..", "..", "build", "src", "acemq-proxy"))
 SECONDS = float(os.environ.get("ACEMQ_CHAOS_SECONDS", "60"))
@@ -219,8 +220,9 @@ def test_chaos():
         deadline = time.monotonic() + 10
         while True:
             try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
+                if support.port_accepts(port):
+                    break
+                raise OSError("not listening yet")
             except OSError:
                 assert proc.poll() is None and time.monotonic() < deadline, "proxy did not start"
                 time.sleep(0.05)

@@ -45,8 +45,9 @@ class Proxy:
         deadline = time.time() + 10
         while True:
             try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
-                return
+                if support.port_accepts(self.port):
+                    return
+                raise OSError("not listening yet")
             except OSError:
                 if self.proc.poll() is not None or time.time() > deadline:
                     raise AssertionError("proxy did not start:\n" + self.stderr())

@@ -4,6 +4,7 @@ import signal
 import socket
 import struct
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -12,6 +13,8 @@ import pika
 PROXY = os.environ.get(
     "ACEMQ_PROXY",
     os.path.join(os.path.dirname(__file__), "..", "..", "..", "build", "src", "acemq-proxy"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "py"))
+import support  # noqa: E402
 
 
 def free_port():
@@ -30,8 +33,9 @@ def wait_port(port, timeout=10):
     deadline = time.time() + timeout
     while time.time() < deadline:
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            if support.port_accepts(port):
                 return
+            raise OSError("not listening yet")
         except OSError:
             time.sleep(0.05)
     raise AssertionError(f"port {port} never accepted")

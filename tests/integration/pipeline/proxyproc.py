@@ -1,8 +1,13 @@
 """Start and stop a proxy binary on a free loopback port for these tests."""
+import os
 import signal
 import socket
 import subprocess
+import sys
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "py"))
+import support  # noqa: E402
 
 
 def start(argv, env=None, stderr=subprocess.DEVNULL):
@@ -14,8 +19,9 @@ def start(argv, env=None, stderr=subprocess.DEVNULL):
     deadline = time.time() + 10
     while True:
         try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return proc, port
+            if support.port_accepts(port):
+                return proc, port
+            raise OSError("not listening yet")
         except OSError:
             assert time.time() < deadline and proc.poll() is None, "proxy did not start"
             time.sleep(0.05)

@@ -66,12 +66,16 @@ def closing_listener():
 
 
 def port_accepts(port, host=HOST, timeout=0.5):
+    """Whether something listens on the port. A connect to a free port in
+    the ephemeral range can pick that same port as its source and connect
+    to itself (TCP simultaneous open): that is not a listener."""
     try:
         s = socket.create_connection((host, port), timeout=timeout)
     except OSError:
         return False
+    own = s.getsockname() == s.getpeername()
     s.close()
-    return True
+    return not own
 
 
 def params(port, **kw):

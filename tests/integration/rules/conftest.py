@@ -6,11 +6,14 @@ import socket
 import subprocess
 import tempfile
 import time
+import sys
 import urllib.request
 
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "py"))
+import support  # noqa: E402
 PROXY = os.environ.get("ACEMQ_PROXY", os.path.join(HERE, "..", "..", "..", "build", "src", "acemq-proxy"))
 
 
@@ -33,8 +36,9 @@ class Proxy:
         deadline = time.time() + 10
         while True:
             try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
-                break
+                if support.port_accepts(self.port):
+                    break
+                raise OSError("not listening yet")
             except OSError:
                 if self.proc.poll() is not None or time.time() > deadline:
                     raise AssertionError("proxy did not start:\n" + self.stderr())

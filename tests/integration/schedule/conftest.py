@@ -36,6 +36,8 @@ class Proxy(_claims.Proxy):
         if engine:
             args += ["--engine-user", "guest", "--engine-password", "guest"]
         super().__init__(rules, data, args + list(extra))
+        # The admin endpoint opens just after the listener.
+        assert support.wait_until(lambda: support.port_accepts(self.admin_port), 10), self.stderr()
 
     def engines(self):
         with urllib.request.urlopen("http://127.0.0.1:%d/stats" % self.admin_port, timeout=10) as r:
