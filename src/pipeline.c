@@ -6,7 +6,7 @@
 #include "../amqp/frame_scan.h"
 #include "../amqp/method.h"
 #include "log.h"
-#include "session.h"
+#include "rules.h"
 #include "worker.h"
 
 #include <event2/buffer.h>
@@ -23,7 +23,75 @@ void pipeline_register(const struct pipe_hook *hook)
 		pipeline_hooks[pipeline_nhooks++] = hook;
 }
 
-static void pipeline_attach_some(struct session *s, int rewrite_only)
+void pipeline_init(struct pipeline *p, const struct pipeline_host *host, void *owner,
+		   struct worker *w, uint64_t id)
+{
+	memset(p, 0, sizeof(*p));
+	p->host = host;
+	p->owner = owner;
+	p->w = w;
+	p->id = id;
+	p->peer = p->vhost = p->user = "";
+}
+
+const struct rules_vhost *pipeline_rules(struct pipeline *p)
+{
+	struct rules *r = p->w->rules;
+
+	if (r == NULL)
+		return NULL;
+	if (p->rules_generation != r->generation) {
+		p->rules = rules_vhost(r, p->vhost);
+		p->rules_generation = r->generation;
+	}
+	return p->rules;
+}
+
+struct channel *pipeline_channel(struct pipeline *p, uint16_t id)
+{
+	return p->host->channel(p->owner, id);
+}
+
+struct evbuffer *pipeline_out(struct pipeline *p, enum chan_dir dir)
+{
+	return p->host->out(p->owner, dir);
+}
+
+void pipeline_hold(struct pipeline *p, enum chan_dir from)
+{
+	p->host->hold(p->owner, from);
+}
+
+void pipeline_wake(struct pipeline *p, enum chan_dir from)
+{
+	p->host->wake(p->owner, from);
+}
+
+void pipeline_close(struct pipeline *p, uint16_t code, const char *text)
+{
+	p->host->close(p->owner, code, text);
+}
+
+void pipeline_channel_error(struct pipeline *p, struct channel *ch, uint16_t code,
+			    const char *text, uint16_t class_id, uint16_t method_id)
+{
+	p->host->channel_error(p->owner, ch, code, text, class_id, method_id);
+}
+
+void pipeline_lookahead(struct pipeline *p, enum chan_dir from,
+			int (*fn)(void *arg, const struct frame_info *fi,
+				  const uint8_t *payload, size_t len),
+			void *arg)
+{
+	p->host->lookahead(p->owner, from, fn, arg);
+}
+
+int pipeline_call(struct pipeline *p, void (*fn)(struct pipeline *p, void *arg), void *arg)
+{
+	return p->host->call(p->owner, fn, arg);
+}
+
+static void pipeline_attach_some(struct pipeline *p, int rewrite_only)
 {
 	int i;
 
@@ -32,52 +100,52 @@ static void pipeline_attach_some(struct session *s, int rewrite_only)
 
 		if (pipeline_hooks[i]->rewrite_only != rewrite_only)
 			continue;
-		st = pipeline_hooks[i]->attach(s);
+		st = pipeline_hooks[i]->attach(p);
 		if (st != NULL) {
-			s->hooks[s->nhooks] = pipeline_hooks[i];
-			s->hook_state[s->nhooks++] = st;
+			p->hooks[p->nhooks] = pipeline_hooks[i];
+			p->hook_state[p->nhooks++] = st;
 			if (!rewrite_only)
-				s->track = 1;
+				p->track = 1;
 		}
 	}
 }
 
-int pipeline_attach(struct session *s)
+int pipeline_attach(struct pipeline *p)
 {
-	pipeline_detach(s);
-	s->track = 0;
-	pipeline_attach_some(s, 0);
-	pipeline_attach_some(s, 1);
-	return s->nhooks;
+	pipeline_detach(p);
+	p->track = 0;
+	pipeline_attach_some(p, 0);
+	pipeline_attach_some(p, 1);
+	return p->nhooks;
 }
 
-void pipeline_refresh(struct session *s)
+void pipeline_refresh(struct pipeline *p)
 {
 	int i, n = 0;
 
-	if (s->vhost[0] == '\0')
+	if (p->vhost[0] == '\0')
 		return; /* not open yet: attach happens at connection.open */
-	for (i = 0; i < s->nhooks; i++) {
-		if (s->hooks[i]->rewrite_only) {
-			if (s->hooks[i]->detach)
-				s->hooks[i]->detach(s->hook_state[i]);
+	for (i = 0; i < p->nhooks; i++) {
+		if (p->hooks[i]->rewrite_only) {
+			if (p->hooks[i]->detach)
+				p->hooks[i]->detach(p->hook_state[i]);
 			continue;
 		}
-		s->hooks[n] = s->hooks[i];
-		s->hook_state[n++] = s->hook_state[i];
+		p->hooks[n] = p->hooks[i];
+		p->hook_state[n++] = p->hook_state[i];
 	}
-	s->nhooks = n;
-	pipeline_attach_some(s, 1);
+	p->nhooks = n;
+	pipeline_attach_some(p, 1);
 }
 
-void pipeline_detach(struct session *s)
+void pipeline_detach(struct pipeline *p)
 {
 	int i;
 
-	for (i = 0; i < s->nhooks; i++)
-		if (s->hooks[i]->detach)
-			s->hooks[i]->detach(s->hook_state[i]);
-	s->nhooks = 0;
+	for (i = 0; i < p->nhooks; i++)
+		if (p->hooks[i]->detach)
+			p->hooks[i]->detach(p->hook_state[i]);
+	p->nhooks = 0;
 }
 
 static uint64_t pipeline_now_us(void)
@@ -119,28 +187,31 @@ void pipe_msg_free(struct pipe_msg *m)
 	free(m);
 }
 
-int pipeline_wants(struct session *s, struct channel *ch, enum pipe_kind kind,
-		   amqp_method_number_t id, void *method, int *per_hook)
+int pipeline_wants(struct pipeline *p, struct channel *ch, enum pipe_kind kind,
+		   amqp_method_number_t id, void *method, int per_hook[PIPELINE_MAX_HOOKS])
 {
 	int i, want = 0;
 
-	for (i = 0; i < s->nhooks; i++) {
-		per_hook[i] = s->hooks[i]->wants ? s->hooks[i]->wants(s->hook_state[i], s, ch,
-								      kind, id, method)
-						 : 0;
+	/* Every slot is written: a reload may attach a hook at a slot this
+	 * message's later frames then read. */
+	for (i = 0; i < PIPELINE_MAX_HOOKS; i++) {
+		per_hook[i] =
+		    i < p->nhooks && p->hooks[i]->wants
+			? p->hooks[i]->wants(p->hook_state[i], p, ch, kind, id, method)
+			: 0;
 		want |= per_hook[i];
 	}
 	return want;
 }
 
 /* The header is in: ask again the hooks that can change their mind. */
-static int pipeline_header_want(struct session *s, struct channel *ch, struct pipe_msg *m)
+static int pipeline_header_want(struct pipeline *p, struct channel *ch, struct pipe_msg *m)
 {
 	int i, want = 0;
 
-	for (i = 0; i < s->nhooks; i++) {
-		if (m->hook_want[i] && s->hooks[i]->header_want)
-			m->hook_want[i] = s->hooks[i]->header_want(s->hook_state[i], s, ch, m);
+	for (i = 0; i < p->nhooks; i++) {
+		if (m->hook_want[i] && p->hooks[i]->header_want)
+			m->hook_want[i] = p->hooks[i]->header_want(p->hook_state[i], p, ch, m);
 		want |= m->hook_want[i];
 	}
 	return m->want = want;
@@ -170,76 +241,77 @@ static int pipeline_copy_body(struct pipe_msg *m, size_t frame_len)
 }
 
 /* Give a streamed body frame's payload (at the front of in) to the hook. */
-static int pipeline_stream_chunk(struct session *s, struct channel *ch, struct pipe_msg *m,
+static int pipeline_stream_chunk(struct pipeline *p, struct channel *ch, struct pipe_msg *m,
 				 struct evbuffer *in, size_t frame_len)
 {
-	const struct pipe_hook *h = s->hooks[m->streamer];
+	const struct pipe_hook *h = p->hooks[m->streamer];
 	size_t left = frame_len - FRAME_OVERHEAD;
-	unsigned char *p;
+	unsigned char *data;
 
 	evbuffer_drain(in, FRAME_HEADER_SIZE);
-	p = left ? evbuffer_pullup(in, (ev_ssize_t)left) : NULL;
-	if (left && p == NULL)
+	data = left ? evbuffer_pullup(in, (ev_ssize_t)left) : NULL;
+	if (left && data == NULL)
 		return PIPE_COLLECT_FAILED;
-	if (h->stream_body(s->hook_state[m->streamer], s, ch, m, p, left) != 0)
+	if (h->stream_body(p->hook_state[m->streamer], p, ch, m, data, left) != 0)
 		return PIPE_COLLECT_FAILED;
 	evbuffer_drain(in, left + 1);
 	return PIPE_COLLECT_OK;
 }
 
 /* The header is in: does a hook take the body as a stream? */
-static void pipeline_stream_offer(struct session *s, struct channel *ch, struct pipe_msg *m)
+static void pipeline_stream_offer(struct pipeline *p, struct channel *ch, struct pipe_msg *m)
 {
 	int i;
 
-	for (i = 0; i < s->nhooks; i++) {
-		const struct pipe_hook *h = s->hooks[i];
+	for (i = 0; i < p->nhooks; i++) {
+		const struct pipe_hook *h = p->hooks[i];
 
 		if (h->stream_begin && h->stream_body &&
-		    h->stream_begin(s->hook_state[i], s, ch, m) == 1) {
+		    h->stream_begin(p->hook_state[i], p, ch, m) == 1) {
 			m->streamer = i;
 			return;
 		}
 	}
 }
 
-int pipeline_collect(struct session *s, struct channel *ch, struct pipe_msg *m,
+int pipeline_collect(struct pipeline *p, struct channel *ch, struct pipe_msg *m,
 		     struct evbuffer *in, size_t frame_len, int frame_type)
 {
-	uint8_t *p = NULL;
+	uint8_t *frame = NULL;
 	uint16_t cls;
 
 	if (frame_type == FRAME_BODY && m->streamer >= 0)
-		return pipeline_stream_chunk(s, ch, m, in, frame_len);
+		return pipeline_stream_chunk(p, ch, m, in, frame_len);
 	if (evbuffer_get_length(m->raw) + frame_len >
 	    (size_t)worker_settings.max_message_size + 65536)
 		return PIPE_COLLECT_TOO_LARGE;
 	if (frame_type == FRAME_METHOD || frame_type == FRAME_HEADER) {
 		/* rabbitmq-c decodes in place: give it bytes that stay put
 		 * while the frames move on. */
-		p = amqp_pool_alloc(&m->pool, frame_len);
-		if (p == NULL || evbuffer_copyout(in, p, frame_len) != (ev_ssize_t)frame_len)
+		frame = amqp_pool_alloc(&m->pool, frame_len);
+		if (frame == NULL ||
+		    evbuffer_copyout(in, frame, frame_len) != (ev_ssize_t)frame_len)
 			return PIPE_COLLECT_FAILED;
-		p += FRAME_HEADER_SIZE;
+		frame += FRAME_HEADER_SIZE;
 	}
 	if (evbuffer_remove_buffer(in, m->raw, frame_len) != (int)frame_len)
 		return PIPE_COLLECT_FAILED;
 	switch (frame_type) {
 	case FRAME_METHOD:
 		m->raw_method_len = frame_len;
-		return method_decode(p, frame_len - FRAME_OVERHEAD, &m->pool, &m->method_id,
+		return method_decode(frame, frame_len - FRAME_OVERHEAD, &m->pool, &m->method_id,
 				     &m->method) == 0
 			   ? PIPE_COLLECT_OK
 			   : PIPE_COLLECT_FAILED;
 	case FRAME_HEADER:
 		m->raw_header_len = frame_len;
-		content_header_peek(p, &cls, &m->body_size);
-		if (content_props_decode(p, frame_len - FRAME_OVERHEAD, &m->pool, &m->props) !=
-		    0)
+		content_header_peek(frame, &cls, &m->body_size);
+		if (content_props_decode(frame, frame_len - FRAME_OVERHEAD, &m->pool,
+					 &m->props) != 0)
 			return PIPE_COLLECT_FAILED;
-		if (pipeline_header_want(s, ch, m) == 0)
+		if (pipeline_header_want(p, ch, m) == 0)
 			return PIPE_COLLECT_RELEASE;
-		pipeline_stream_offer(s, ch, m);
+		pipeline_stream_offer(p, ch, m);
 		if (m->streamer < 0 &&
 		    m->body_size > (uint64_t)worker_settings.max_message_size)
 			return PIPE_COLLECT_TOO_LARGE;
@@ -253,13 +325,13 @@ int pipeline_collect(struct session *s, struct channel *ch, struct pipe_msg *m,
 }
 
 /* Write a message out, re-encoding only the parts a hook changed. */
-static int pipeline_emit(struct session *s, struct pipe_msg *m, struct evbuffer *out)
+static int pipeline_emit(struct pipeline *p, struct pipe_msg *m, struct evbuffer *out)
 {
 	struct evbuffer *raw = m->raw;
 	uint64_t size = m->body_size;
 	int rc = 0;
 
-	stats_msg_time(&s->w->stats, pipeline_now_us() - m->started_us);
+	stats_msg_time(&p->w->stats, pipeline_now_us() - m->started_us);
 	if (m->method_dirty) {
 		evbuffer_drain(raw, m->raw_method_len);
 		rc |= method_write(out, m->channel, m->method_id, m->method);
@@ -277,7 +349,7 @@ static int pipeline_emit(struct session *s, struct pipe_msg *m, struct evbuffer 
 	if (m->body_dirty) {
 		evbuffer_drain(raw, evbuffer_get_length(raw));
 		if (m->body)
-			rc |= content_body_write(out, m->channel, m->body, s->frame_max);
+			rc |= content_body_write(out, m->channel, m->body, p->frame_max);
 	} else {
 		evbuffer_add_buffer(out, raw);
 	}
@@ -294,29 +366,30 @@ static uint64_t *pipeline_tag_of(struct pipe_msg *m)
 }
 
 /* A delivery goes to the client with its client-side tag. */
-static int pipeline_deliver(struct session *s, struct channel *ch, struct pipe_msg *m)
+static int pipeline_deliver(struct pipeline *p, struct channel *ch, struct pipe_msg *m)
 {
 	uint64_t *tagp = pipeline_tag_of(m);
 	uint64_t client;
 	int rc;
 
 	if (tagp) {
-		client = s->track ? tagmap_deliver(&ch->tags, m->broker_tag, !m->no_ack)
+		client = p->track ? tagmap_deliver(&ch->tags, m->broker_tag, !m->no_ack)
 				  : m->broker_tag;
 		if (client != *tagp) {
 			*tagp = client;
 			m->method_dirty = 1;
 		}
 	}
-	rc = pipeline_emit(s, m, session_out(s, DIR_TO_CLIENT));
+	rc = pipeline_emit(p, m, pipeline_out(p, DIR_TO_CLIENT));
 	pipe_msg_free(m);
 	return rc;
 }
 
-static void pipeline_settle_upstream(struct session *s, struct channel *ch, struct pipe_msg *m)
+static void pipeline_settle_upstream(struct pipeline *p, struct channel *ch, struct pipe_msg *m)
 {
 	if (!m->no_ack)
-		method_write_basic_ack(session_out(s, DIR_TO_BROKER), ch->id, m->broker_tag, 0);
+		method_write_basic_ack(pipeline_out(p, DIR_TO_BROKER), ch->id, m->broker_tag,
+				       0);
 }
 
 /* The leg a message came from: its later frames wait while it waits. */
@@ -326,34 +399,35 @@ static enum chan_dir pipeline_dir(const struct pipe_msg *m)
 }
 
 /* Tell the hooks what became of a publish (see pipe_hook.published). */
-static void pipeline_published(struct session *s, struct channel *ch, struct pipe_msg *m,
+static void pipeline_published(struct pipeline *p, struct channel *ch, struct pipe_msg *m,
 			       int forwarded, uint64_t broker_seq)
 {
 	int i;
 
 	if (m->kind != PIPE_PUBLISH)
 		return;
-	for (i = 0; i < s->nhooks; i++)
-		if (s->hooks[i]->published)
-			s->hooks[i]->published(s->hook_state[i], s, ch, m, forwarded,
+	for (i = 0; i < p->nhooks; i++)
+		if (p->hooks[i]->published)
+			p->hooks[i]->published(p->hook_state[i], p, ch, m, forwarded,
 					       broker_seq);
 }
 
 /* A publish the proxy will not forward: the client is told. */
-static void pipeline_refuse(struct session *s, struct channel *ch)
+static void pipeline_refuse(struct pipeline *p, struct channel *ch)
 {
-	if (ch->confirm_mode && s->track) {
+	if (ch->confirm_mode && p->track) {
 		amqp_basic_nack_t n = {confirmmap_answer(&ch->confirms), 0, 0};
 
-		method_write(session_out(s, DIR_TO_CLIENT), ch->id, AMQP_BASIC_NACK_METHOD, &n);
+		method_write(pipeline_out(p, DIR_TO_CLIENT), ch->id, AMQP_BASIC_NACK_METHOD,
+			     &n);
 		return;
 	}
-	session_channel_error(s, ch, 541,
-			      "INTERNAL_ERROR - the proxy could not store the message", 60, 40);
+	pipeline_channel_error(
+	    p, ch, 541, "INTERNAL_ERROR - the proxy could not store the message", 60, 40);
 }
 
 /* Dispose of a message by its final verdict. */
-static int pipeline_finish(struct session *s, struct channel *ch, struct pipe_msg *m,
+static int pipeline_finish(struct pipeline *p, struct channel *ch, struct pipe_msg *m,
 			   enum pipe_verdict v)
 {
 	uint64_t seq = 0;
@@ -362,46 +436,46 @@ static int pipeline_finish(struct session *s, struct channel *ch, struct pipe_ms
 	if (ch->proxy_closing) {
 		/* Its channel was closed meanwhile: nothing more goes on it (a
 		 * delivery is requeued by the close). */
-		pipeline_published(s, ch, m, 0, 0);
+		pipeline_published(p, ch, m, 0, 0);
 		pipe_msg_free(m);
 		return 0;
 	}
 	if (m->kind == PIPE_PUBLISH) {
 		if (v == PIPE_ANSWER) {
-			s->w->stats.publishes_answered++;
+			p->w->stats.publishes_answered++;
 			if (ch->confirm_mode)
-				method_write_basic_ack(session_out(s, DIR_TO_CLIENT), ch->id,
+				method_write_basic_ack(pipeline_out(p, DIR_TO_CLIENT), ch->id,
 						       confirmmap_answer(&ch->confirms), 0);
-			pipeline_published(s, ch, m, 0, 0);
+			pipeline_published(p, ch, m, 0, 0);
 			pipe_msg_free(m);
 			return 0;
 		}
 		if (v == PIPE_REFUSE) {
-			s->w->stats.publishes_refused++;
-			pipeline_refuse(s, ch);
-			pipeline_published(s, ch, m, 0, 0);
+			p->w->stats.publishes_refused++;
+			pipeline_refuse(p, ch);
+			pipeline_published(p, ch, m, 0, 0);
 			pipe_msg_free(m);
 			return 0;
 		}
 		if (v == PIPE_SWALLOW) { /* its channel went away meanwhile */
-			pipeline_published(s, ch, m, 0, 0);
+			pipeline_published(p, ch, m, 0, 0);
 			pipe_msg_free(m);
 			return 0;
 		}
-		if (ch->confirm_mode && s->track) {
+		if (ch->confirm_mode && p->track) {
 			confirmmap_forward(&ch->confirms);
 			seq = ch->confirms.next_broker;
 		}
-		rc = pipeline_emit(s, m, session_out(s, DIR_TO_BROKER));
-		pipeline_published(s, ch, m, 1, seq);
+		rc = pipeline_emit(p, m, pipeline_out(p, DIR_TO_BROKER));
+		pipeline_published(p, ch, m, 1, seq);
 		pipe_msg_free(m);
 		return rc;
 	}
 	if (v == PIPE_REFUSE) {
 		/* A delivery the proxy cannot complete: its channel closes, so
 		 * the broker requeues it with everything else unacked. */
-		session_channel_error(
-		    s, ch, 541,
+		pipeline_channel_error(
+		    p, ch, 541,
 		    "INTERNAL_ERROR - the proxy could not read the message's payload", 60, 60);
 		pipe_msg_free(m);
 		return 0;
@@ -409,23 +483,23 @@ static int pipeline_finish(struct session *s, struct channel *ch, struct pipe_ms
 	if (v == PIPE_REJECT && m->kind != PIPE_RETURN && !m->no_ack) {
 		amqp_basic_reject_t r = {m->broker_tag, 0};
 
-		pipeline_settled(s, ch, AMQP_BASIC_REJECT_METHOD, m->broker_tag);
-		method_write(session_out(s, DIR_TO_BROKER), ch->id, AMQP_BASIC_REJECT_METHOD,
+		pipeline_settled(p, ch, AMQP_BASIC_REJECT_METHOD, m->broker_tag);
+		method_write(pipeline_out(p, DIR_TO_BROKER), ch->id, AMQP_BASIC_REJECT_METHOD,
 			     &r);
 		v = PIPE_SWALLOW;
 		m->no_ack = 1; /* settled above */
 	}
 	switch (v) {
 	case PIPE_SWALLOW:
-		s->w->stats.messages_swallowed++;
+		p->w->stats.messages_swallowed++;
 		if (m->kind != PIPE_RETURN) {
-			pipeline_settle_upstream(s, ch, m);
-			pipeline_settled(s, ch, AMQP_BASIC_ACK_METHOD, m->broker_tag);
+			pipeline_settle_upstream(p, ch, m);
+			pipeline_settled(p, ch, AMQP_BASIC_ACK_METHOD, m->broker_tag);
 		}
 		if (m->kind == PIPE_GET_OK) {
 			amqp_basic_get_empty_t e = {amqp_empty_bytes};
 
-			method_write(session_out(s, DIR_TO_CLIENT), ch->id,
+			method_write(pipeline_out(p, DIR_TO_CLIENT), ch->id,
 				     AMQP_BASIC_GET_EMPTY_METHOD, &e);
 		}
 		pipe_msg_free(m);
@@ -437,68 +511,68 @@ static int pipeline_finish(struct session *s, struct channel *ch, struct pipe_ms
 			/* The client's basic.get gets its answer now. */
 			amqp_basic_get_empty_t e = {amqp_empty_bytes};
 
-			method_write(session_out(s, DIR_TO_CLIENT), ch->id,
+			method_write(pipeline_out(p, DIR_TO_CLIENT), ch->id,
 				     AMQP_BASIC_GET_EMPTY_METHOD, &e);
 		}
 		return 0;
 	default:
-		return pipeline_deliver(s, ch, m);
+		return pipeline_deliver(p, ch, m);
 	}
 }
 
 /* The hooks from the from'th on, until one decides; a hook that waits
  * is resumed from the next one. */
-static enum pipe_verdict pipeline_run(struct session *s, struct channel *ch, struct pipe_msg *m,
-				      int from)
+static enum pipe_verdict pipeline_run(struct pipeline *p, struct channel *ch,
+				      struct pipe_msg *m, int from)
 {
 	enum pipe_verdict v = PIPE_PASS;
 	int i;
 
-	for (i = from; i < s->nhooks && v == PIPE_PASS; i++)
-		if (s->hooks[i]->message)
-			v = s->hooks[i]->message(s->hook_state[i], s, ch, m);
+	for (i = from; i < p->nhooks && v == PIPE_PASS; i++)
+		if (p->hooks[i]->message)
+			v = p->hooks[i]->message(p->hook_state[i], p, ch, m);
 	m->next_hook = i;
 	return v;
 }
 
-int pipeline_complete(struct session *s, struct channel *ch, struct pipe_msg *m)
+int pipeline_complete(struct pipeline *p, struct channel *ch, struct pipe_msg *m)
 {
 	enum pipe_verdict v;
 
 	if ((m->want & PIPE_WANT_BODY) && m->body == NULL)
 		m->body = evbuffer_new();
-	v = pipeline_run(s, ch, m, 0);
+	v = pipeline_run(p, ch, m, 0);
 	if (v == PIPE_PASS && m->streamer >= 0 && !m->body_dirty) {
 		/* The body went to the stream and nothing replaced it. */
 		log_error("hook %s streamed a body and gave no replacement",
-			  s->hooks[m->streamer]->name);
-		pipeline_published(s, ch, m, 0, 0);
+			  p->hooks[m->streamer]->name);
+		pipeline_published(p, ch, m, 0, 0);
 		pipe_msg_free(m);
 		return -1;
 	}
 	if (v == PIPE_WAIT) {
-		session_hold(s, pipeline_dir(m));
+		pipeline_hold(p, pipeline_dir(m));
 		return 0;
 	}
-	return pipeline_finish(s, ch, m, v);
+	return pipeline_finish(p, ch, m, v);
 }
 
-int pipeline_pass(struct session *s, struct channel *ch, struct pipe_msg *m)
+int pipeline_pass(struct pipeline *p, struct channel *ch, struct pipe_msg *m)
 {
-	return pipeline_finish(s, ch, m, PIPE_PASS);
+	return pipeline_finish(p, ch, m, PIPE_PASS);
 }
 
 /* Rewrite-only hooks see a message that waited, once it is final. */
-static void pipeline_rewrite(struct session *s, struct channel *ch, struct pipe_msg *m)
+static void pipeline_rewrite(struct pipeline *p, struct channel *ch, struct pipe_msg *m)
 {
 	int i;
 
-	for (i = 0; i < s->nhooks; i++)
-		if (s->hooks[i]->rewrite_only && s->hooks[i]->message)
-			s->hooks[i]->message(s->hook_state[i], s, ch, m);
+	for (i = 0; i < p->nhooks; i++)
+		if (p->hooks[i]->rewrite_only && p->hooks[i]->message)
+			p->hooks[i]->message(p->hook_state[i], p, ch, m);
 }
 
-int pipeline_resume(struct session *s, struct channel *ch, struct pipe_msg *m,
+int pipeline_resume(struct pipeline *p, struct channel *ch, struct pipe_msg *m,
 		    enum pipe_verdict v)
 {
 	enum chan_dir dir = pipeline_dir(m);
@@ -506,26 +580,26 @@ int pipeline_resume(struct session *s, struct channel *ch, struct pipe_msg *m,
 
 	/* The hooks after the one that waited have their say. */
 	if (v == PIPE_PASS && !ch->proxy_closing)
-		v = pipeline_run(s, ch, m, m->next_hook);
+		v = pipeline_run(p, ch, m, m->next_hook);
 	if (v == PIPE_WAIT)
 		return 0; /* another hook waits: the leg stays held */
-	rc = pipeline_finish(s, ch, m, v);
-	session_unhold(s, dir);
+	rc = pipeline_finish(p, ch, m, v);
+	pipeline_wake(p, dir);
 	return rc;
 }
 
-int pipeline_stream_out_begin(struct session *s, struct channel *ch, struct pipe_msg *m,
+int pipeline_stream_out_begin(struct pipeline *p, struct channel *ch, struct pipe_msg *m,
 			      uint64_t body_size)
 {
-	struct evbuffer *out = session_out(s, DIR_TO_CLIENT);
+	struct evbuffer *out = pipeline_out(p, DIR_TO_CLIENT);
 	uint64_t *tagp = pipeline_tag_of(m);
 	int rc;
 
 	if (out == NULL || ch->proxy_closing)
 		return -1;
-	pipeline_rewrite(s, ch, m);
+	pipeline_rewrite(p, ch, m);
 	if (tagp) {
-		*tagp = s->track ? tagmap_deliver(&ch->tags, m->broker_tag, !m->no_ack)
+		*tagp = p->track ? tagmap_deliver(&ch->tags, m->broker_tag, !m->no_ack)
 				 : m->broker_tag;
 	}
 	rc = method_write(out, m->channel, m->method_id, m->method);
@@ -534,12 +608,12 @@ int pipeline_stream_out_begin(struct session *s, struct channel *ch, struct pipe
 	return rc ? -1 : 0;
 }
 
-int pipeline_stream_out(struct session *s, struct channel *ch, struct pipe_msg *m,
+int pipeline_stream_out(struct pipeline *p, struct channel *ch, struct pipe_msg *m,
 			const void *data, size_t len)
 {
-	struct evbuffer *out = session_out(s, DIR_TO_CLIENT);
-	size_t chunk = s->frame_max > FRAME_OVERHEAD ? s->frame_max - FRAME_OVERHEAD : 4088;
-	const uint8_t *p = data;
+	struct evbuffer *out = pipeline_out(p, DIR_TO_CLIENT);
+	size_t chunk = p->frame_max > FRAME_OVERHEAD ? p->frame_max - FRAME_OVERHEAD : 4088;
+	const uint8_t *at = data;
 	uint8_t head[FRAME_HEADER_SIZE];
 	const uint8_t end = FRAME_END;
 
@@ -550,61 +624,63 @@ int pipeline_stream_out(struct session *s, struct channel *ch, struct pipe_msg *
 
 		frame_scan_put_header(head, FRAME_BODY, m->channel, (uint32_t)n);
 		if (evbuffer_add(out, head, sizeof(head)) != 0 ||
-		    evbuffer_add(out, p, n) != 0 || evbuffer_add(out, &end, 1) != 0)
+		    evbuffer_add(out, at, n) != 0 || evbuffer_add(out, &end, 1) != 0)
 			return -1;
-		p += n;
+		at += n;
 		len -= n;
 	}
 	return 0;
 }
 
-void pipeline_stream_out_end(struct session *s, struct channel *ch, struct pipe_msg *m)
+void pipeline_stream_out_end(struct pipeline *p, struct channel *ch, struct pipe_msg *m)
 {
 	enum chan_dir dir = pipeline_dir(m);
 
 	pipe_msg_free(m);
-	session_unhold(s, dir);
+	pipeline_wake(p, dir);
 }
 
-void pipeline_drop(struct session *s, struct pipe_msg *m)
+void pipeline_drop(struct pipeline *p, struct pipe_msg *m)
 {
 	enum chan_dir dir = pipeline_dir(m);
 
-	pipeline_published(s, NULL, m, 0, 0);
+	pipeline_published(p, NULL, m, 0, 0);
 	pipe_msg_free(m);
-	session_unhold(s, dir);
+	pipeline_wake(p, dir);
 }
 
-size_t pipeline_client_backlog(struct session *s)
+size_t pipeline_client_backlog(struct pipeline *p)
 {
-	struct evbuffer *out = session_out(s, DIR_TO_CLIENT);
+	struct evbuffer *out = pipeline_out(p, DIR_TO_CLIENT);
 
 	return out ? evbuffer_get_length(out) : 0;
 }
 
-int pipeline_release(struct session *s, struct channel *ch, struct pipe_msg *m)
+int pipeline_release(struct pipeline *p, struct channel *ch, struct pipe_msg *m)
 {
 	tagmap_unhold(&ch->tags, m->broker_tag);
-	return pipeline_deliver(s, ch, m);
+	return pipeline_deliver(p, ch, m);
 }
 
-int pipeline_requeue(struct session *s, struct channel *ch, struct pipe_msg *m, int requeue)
+int pipeline_requeue(struct pipeline *p, struct channel *ch, struct pipe_msg *m, int requeue)
 {
 	tagmap_unhold(&ch->tags, m->broker_tag);
 	if (!m->no_ack) {
 		amqp_basic_nack_t n = {m->broker_tag, 0, (amqp_boolean_t)requeue};
 
-		method_write(session_out(s, DIR_TO_BROKER), ch->id, AMQP_BASIC_NACK_METHOD, &n);
+		method_write(pipeline_out(p, DIR_TO_BROKER), ch->id, AMQP_BASIC_NACK_METHOD,
+			     &n);
 	}
 	pipe_msg_free(m);
 	return 0;
 }
 
-int pipeline_ack(struct session *s, struct channel *ch, struct pipe_msg *m)
+int pipeline_ack(struct pipeline *p, struct channel *ch, struct pipe_msg *m)
 {
 	tagmap_unhold(&ch->tags, m->broker_tag);
 	if (!m->no_ack)
-		method_write_basic_ack(session_out(s, DIR_TO_BROKER), ch->id, m->broker_tag, 0);
+		method_write_basic_ack(pipeline_out(p, DIR_TO_BROKER), ch->id, m->broker_tag,
+				       0);
 	pipe_msg_free(m);
 	return 0;
 }
@@ -654,89 +730,89 @@ int pipeline_body_copy(const struct pipe_msg *m, amqp_bytes_t *out)
 	return 0;
 }
 
-void pipeline_settled(struct session *s, struct channel *ch, amqp_method_number_t how,
+void pipeline_settled(struct pipeline *p, struct channel *ch, amqp_method_number_t how,
 		      uint64_t broker_tag)
 {
 	int i;
 
-	for (i = 0; i < s->nhooks; i++)
-		if (s->hooks[i]->settle)
-			s->hooks[i]->settle(s->hook_state[i], s, ch, how, broker_tag);
+	for (i = 0; i < p->nhooks; i++)
+		if (p->hooks[i]->settle)
+			p->hooks[i]->settle(p->hook_state[i], p, ch, how, broker_tag);
 }
 
-void pipeline_held_input(struct session *s, int from)
+void pipeline_held_input(struct pipeline *p, int from)
 {
 	int i;
 
-	for (i = 0; i < s->nhooks; i++)
-		if (s->hooks[i]->held_input)
-			s->hooks[i]->held_input(s->hook_state[i], s, from);
+	for (i = 0; i < p->nhooks; i++)
+		if (p->hooks[i]->held_input)
+			p->hooks[i]->held_input(p->hook_state[i], p, from);
 }
 
-void pipeline_drained(struct session *s)
+void pipeline_drained(struct pipeline *p)
 {
 	int i;
 
-	for (i = 0; i < s->nhooks; i++)
-		if (s->hooks[i]->drained)
-			s->hooks[i]->drained(s->hook_state[i], s);
+	for (i = 0; i < p->nhooks; i++)
+		if (p->hooks[i]->drained)
+			p->hooks[i]->drained(p->hook_state[i], p);
 }
 
-void pipeline_recovered(struct session *s, struct channel *ch)
+void pipeline_recovered(struct pipeline *p, struct channel *ch)
 {
 	int i;
 
-	for (i = 0; i < s->nhooks; i++)
-		if (s->hooks[i]->recovered)
-			s->hooks[i]->recovered(s->hook_state[i], s, ch);
+	for (i = 0; i < p->nhooks; i++)
+		if (p->hooks[i]->recovered)
+			p->hooks[i]->recovered(p->hook_state[i], p, ch);
 }
 
-int pipeline_publish_watched(const struct session *s)
+int pipeline_publish_watched(const struct pipeline *p)
 {
 	int i;
 
-	for (i = 0; i < s->nhooks; i++)
-		if (s->hooks[i]->publish_settled)
+	for (i = 0; i < p->nhooks; i++)
+		if (p->hooks[i]->publish_settled)
 			return 1;
 	return 0;
 }
 
-void pipeline_publish_settled(struct session *s, struct channel *ch, uint64_t broker_seq,
+void pipeline_publish_settled(struct pipeline *p, struct channel *ch, uint64_t broker_seq,
 			      int acked)
 {
 	int i;
 
-	for (i = 0; i < s->nhooks; i++)
-		if (s->hooks[i]->publish_settled)
-			s->hooks[i]->publish_settled(s->hook_state[i], s, ch, broker_seq,
+	for (i = 0; i < p->nhooks; i++)
+		if (p->hooks[i]->publish_settled)
+			p->hooks[i]->publish_settled(p->hook_state[i], p, ch, broker_seq,
 						     acked);
 }
 
-int pipeline_settle_gate(struct session *s, struct channel *ch, amqp_method_number_t how,
+int pipeline_settle_gate(struct pipeline *p, struct channel *ch, amqp_method_number_t how,
 			 uint64_t client_tag, int multiple)
 {
 	int i;
 
-	for (i = 0; i < s->nhooks; i++)
-		if (s->hooks[i]->settle_gate &&
-		    s->hooks[i]->settle_gate(s->hook_state[i], s, ch, how, client_tag,
+	for (i = 0; i < p->nhooks; i++)
+		if (p->hooks[i]->settle_gate &&
+		    p->hooks[i]->settle_gate(p->hook_state[i], p, ch, how, client_tag,
 					     multiple)) {
-			session_hold(s, DIR_TO_BROKER);
+			pipeline_hold(p, DIR_TO_BROKER);
 			return 1;
 		}
 	return 0;
 }
 
-void pipeline_settle_release(struct session *s)
+void pipeline_settle_release(struct pipeline *p)
 {
-	session_unhold(s, DIR_TO_BROKER);
+	pipeline_wake(p, DIR_TO_BROKER);
 }
 
-void pipeline_channel_closed(struct session *s, struct channel *ch)
+void pipeline_channel_closed(struct pipeline *p, struct channel *ch)
 {
 	int i;
 
-	for (i = 0; i < s->nhooks; i++)
-		if (s->hooks[i]->channel_closed)
-			s->hooks[i]->channel_closed(s->hook_state[i], s, ch);
+	for (i = 0; i < p->nhooks; i++)
+		if (p->hooks[i]->channel_closed)
+			p->hooks[i]->channel_closed(p->hook_state[i], p, ch);
 }

@@ -3,16 +3,51 @@
 #ifndef ACEMQ_PIPELINE_H
 #define ACEMQ_PIPELINE_H
 
+#include "channel.h"
+#include "log.h"
+
 #include <amqp.h>
 #include <amqp_framing.h>
 #include <stddef.h>
 #include <stdint.h>
 
 struct evbuffer;
-struct session;
 struct channel;
+struct frame_info;
+struct rules_vhost;
+struct worker;
+struct pipeline;
 
 #define PIPELINE_MAX_HOOKS 8
+
+/* What the pipeline asks of the connection that carries it. The session
+ * sets it when it attaches; the pipeline never sees the session itself.
+ * None of these runs the connection's pump: a leg that can go on again
+ * is woken later in the same loop turn. */
+struct pipeline_host {
+	/* The output towards dir, or NULL when that leg is gone. */
+	struct evbuffer *(*out)(void *owner, enum chan_dir dir);
+	/* Frames read from the leg that sends towards from wait (hold), or
+	 * may go on once every hold is released (wake; the leg is pumped
+	 * later in this loop turn, never from inside the caller). */
+	void (*hold)(void *owner, enum chan_dir from);
+	void (*wake)(void *owner, enum chan_dir from);
+	/* Close one channel on both sides, as the broker does for a
+	 * channel error; or the whole connection. */
+	void (*channel_error)(void *owner, struct channel *ch, uint16_t code, const char *text,
+			      uint16_t class_id, uint16_t method_id);
+	void (*close)(void *owner, uint16_t code, const char *text);
+	/* The channel with this number, or NULL (never created here). */
+	struct channel *(*channel)(void *owner, uint16_t id);
+	/* Each complete frame not yet looked at on the leg that sends
+	 * towards from (see pipeline_lookahead). */
+	void (*lookahead)(void *owner, enum chan_dir from,
+			  int (*fn)(void *arg, const struct frame_info *fi,
+				    const uint8_t *payload, size_t len),
+			  void *arg);
+	/* Run fn now unless the connection started closing; 1 if it ran. */
+	int (*call)(void *owner, void (*fn)(struct pipeline *p, void *arg), void *arg);
+};
 
 enum pipe_kind { PIPE_PUBLISH, PIPE_DELIVER, PIPE_GET_OK, PIPE_RETURN };
 
@@ -62,65 +97,111 @@ struct pipe_hook {
 	 * no state between messages: attached or detached at any time, and
 	 * delivery tags need no translation for it. */
 	int rewrite_only;
-	/* Per session: return state to attach, or NULL to stay out. */
-	void *(*attach)(struct session *s);
+	/* Per connection: return state to attach, or NULL to stay out. */
+	void *(*attach)(struct pipeline *p);
 	void (*detach)(void *state);
 	/* Whether the hook wants this message; method is decoded. */
-	int (*wants)(void *state, struct session *s, struct channel *ch, enum pipe_kind kind,
+	int (*wants)(void *state, struct pipeline *p, struct channel *ch, enum pipe_kind kind,
 		     amqp_method_number_t id, void *method);
 	/* Streaming, for a body too large to hold: called once the header
 	 * is in (method, props and body_size known); returning 1 takes the
 	 * body as a stream. The proxy then holds none of it: each body
 	 * chunk goes to stream_body, and by message() the hook must have put
 	 * the replacement body in m->body and set body_dirty. */
-	int (*stream_begin)(void *state, struct session *s, struct channel *ch,
+	int (*stream_begin)(void *state, struct pipeline *p, struct channel *ch,
 			    struct pipe_msg *m);
-	int (*stream_body)(void *state, struct session *s, struct channel *ch,
+	int (*stream_body)(void *state, struct pipeline *p, struct channel *ch,
 			   struct pipe_msg *m, const uint8_t *data, size_t len);
-	enum pipe_verdict (*message)(void *state, struct session *s, struct channel *ch,
+	enum pipe_verdict (*message)(void *state, struct pipeline *p, struct channel *ch,
 				     struct pipe_msg *m);
 	/* The client settled a delivery (basic.ack/nack/reject), broker tag. */
-	void (*settle)(void *state, struct session *s, struct channel *ch,
+	void (*settle)(void *state, struct pipeline *p, struct channel *ch,
 		       amqp_method_number_t how, uint64_t broker_tag);
-	void (*channel_closed)(void *state, struct session *s, struct channel *ch);
+	void (*channel_closed)(void *state, struct pipeline *p, struct channel *ch);
 	/* The output towards the client fell below its low mark. */
-	void (*drained)(void *state, struct session *s);
+	void (*drained)(void *state, struct pipeline *p);
 	/* Once the header is in (props and body_size known): what the hook
 	 * still wants of a message it asked for. When no hook wants it any
 	 * more, the message goes on as it was and its body is not held. */
-	int (*header_want)(void *state, struct session *s, struct channel *ch,
+	int (*header_want)(void *state, struct pipeline *p, struct channel *ch,
 			   struct pipe_msg *m);
 	/* Before a client's ack, nack or reject (client_tag, multiple) goes
 	 * upstream: 0 lets it go; 1 holds it (and the client's later frames)
 	 * until the hook calls pipeline_settle_release; it is then asked
 	 * again. */
-	int (*settle_gate)(void *state, struct session *s, struct channel *ch,
+	int (*settle_gate)(void *state, struct pipeline *p, struct channel *ch,
 			   amqp_method_number_t how, uint64_t client_tag, int multiple);
 	/* basic.recover: the broker redelivers what is unacked on ch. */
-	void (*recovered)(void *state, struct session *s, struct channel *ch);
+	void (*recovered)(void *state, struct pipeline *p, struct channel *ch);
 	/* New input arrived on a leg held for a waiting message (from: the
 	 * direction it reads): a hook that batches store work may look ahead
 	 * again, so what arrived joins the next commit. */
-	void (*held_input)(void *state, struct session *s, int from);
+	void (*held_input)(void *state, struct pipeline *p, int from);
 	/* A publish that was assembled is disposed of: forwarded to the
 	 * broker (forwarded 1; broker_seq is its confirm sequence number
 	 * there when its channel is in confirm mode, else 0), or not
 	 * (answered, refused, or dropped with its channel). ch is NULL when
 	 * the channel is not at hand. m is only identified, never kept. */
-	void (*published)(void *state, struct session *s, struct channel *ch,
+	void (*published)(void *state, struct pipeline *p, struct channel *ch,
 			  struct pipe_msg *m, int forwarded, uint64_t broker_seq);
 	/* The broker acked (acked 1) or nacked a forwarded publish: called
 	 * once for each sequence number a (multiple) confirm covers. */
-	void (*publish_settled)(void *state, struct session *s, struct channel *ch,
+	void (*publish_settled)(void *state, struct pipeline *p, struct channel *ch,
 				uint64_t broker_seq, int acked);
 };
 
+/* The pipeline of one connection: what a hook sees of it (its worker,
+ * vhost and rules, its channels through the host), and the hooks attached.
+ * Embedded in the session; owned by pipeline.c. */
+struct pipeline {
+	const struct pipeline_host *host;
+	void *owner;
+	struct worker *w;
+	uint64_t id;       /* the connection's id (logs, store owners) */
+	const char *peer;  /* for log lines: the client's address */
+	const char *vhost; /* "" until connection.open */
+	const char *user;
+	uint32_t frame_max; /* the client's, for frames the pipeline writes */
+	int nhooks;
+	int track; /* hooks may swallow, hold or answer: translate tags */
+	uint64_t rules_generation;
+	const struct rules_vhost *rules; /* cached for rules_generation */
+	const struct pipe_hook *hooks[PIPELINE_MAX_HOOKS];
+	void *hook_state[PIPELINE_MAX_HOOKS];
+};
+
 void pipeline_register(const struct pipe_hook *hook);
-/* Attach the registered hooks to a session; returns how many attached. */
-int pipeline_attach(struct session *s);
-void pipeline_detach(struct session *s);
-/* New rules: re-decide which rewrite-only hooks apply to the session. */
-void pipeline_refresh(struct session *s);
+/* Set up a connection's pipeline (no hooks attached yet). */
+void pipeline_init(struct pipeline *p, const struct pipeline_host *host, void *owner,
+		   struct worker *w, uint64_t id);
+/* Attach the registered hooks; returns how many attached. */
+int pipeline_attach(struct pipeline *p);
+void pipeline_detach(struct pipeline *p);
+/* New rules: re-decide which rewrite-only hooks apply. */
+void pipeline_refresh(struct pipeline *p);
+/* The rules for the connection's vhost as of now, or NULL. */
+const struct rules_vhost *pipeline_rules(struct pipeline *p);
+
+/* For hooks: the host's services (see struct pipeline_host). */
+struct channel *pipeline_channel(struct pipeline *p, uint16_t id);
+struct evbuffer *pipeline_out(struct pipeline *p, enum chan_dir dir);
+void pipeline_hold(struct pipeline *p, enum chan_dir from);
+void pipeline_wake(struct pipeline *p, enum chan_dir from);
+void pipeline_close(struct pipeline *p, uint16_t code, const char *text);
+void pipeline_channel_error(struct pipeline *p, struct channel *ch, uint16_t code,
+			    const char *text, uint16_t class_id, uint16_t method_id);
+void pipeline_lookahead(struct pipeline *p, enum chan_dir from,
+			int (*fn)(void *arg, const struct frame_info *fi,
+				  const uint8_t *payload, size_t len),
+			void *arg);
+/* Run fn for a completion that arrived off the connection's stack, under
+ * the lifetime rule: not at all when it started closing. 1 if fn ran. */
+int pipeline_call(struct pipeline *p, void (*fn)(struct pipeline *p, void *arg), void *arg);
+
+#define pipeline_log(p, level, fmt, ...)                                                      \
+	log_msg(level, "c=%llu client=%s vhost=%s user=%s " fmt, (unsigned long long)(p)->id, \
+		(p)->peer, (p)->vhost[0] ? (p)->vhost : "-", (p)->user[0] ? (p)->user : "-",  \
+		##__VA_ARGS__)
 
 struct pipe_msg *pipe_msg_new(enum pipe_kind kind, uint16_t channel);
 void pipe_msg_free(struct pipe_msg *m);
@@ -132,62 +213,64 @@ enum {
 	PIPE_COLLECT_FAILED = -2,
 };
 
-/* Called by the session for each frame of a message it decided to
+/* Called by the relay for each frame of a message it decided to
  * assemble; returns PIPE_COLLECT_OK, _TOO_LARGE when the message exceeds
  * max_message_size, or _FAILED (bad frame, no memory, a stream refused). */
-int pipeline_collect(struct session *s, struct channel *ch, struct pipe_msg *m,
+int pipeline_collect(struct pipeline *p, struct channel *ch, struct pipe_msg *m,
 		     struct evbuffer *in, size_t frame_len, int frame_type);
 /* The message is complete: run the hooks and dispose of it. */
-int pipeline_complete(struct session *s, struct channel *ch, struct pipe_msg *m);
+int pipeline_complete(struct pipeline *p, struct channel *ch, struct pipe_msg *m);
 /* Forward what was collected of a message no hook wants after all; the
  * rest of its frames move as they are. */
-int pipeline_pass(struct session *s, struct channel *ch, struct pipe_msg *m);
+int pipeline_pass(struct pipeline *p, struct channel *ch, struct pipe_msg *m);
 
 /* For hooks: finish a message that waited (PIPE_WAIT) with a final
  * verdict (not PIPE_WAIT or PIPE_HOLD); its leg's frames flow again. */
-int pipeline_resume(struct session *s, struct channel *ch, struct pipe_msg *m,
+int pipeline_resume(struct pipeline *p, struct channel *ch, struct pipe_msg *m,
 		    enum pipe_verdict v);
 /* For hooks: finish a waiting delivery (or return) whose body the hook
  * streams: the method and properties go out with body_size, then the body
  * in any number of pieces, re-framed at the client's frame_max. end frees
  * m and lets the leg's frames flow again. */
-int pipeline_stream_out_begin(struct session *s, struct channel *ch, struct pipe_msg *m,
+int pipeline_stream_out_begin(struct pipeline *p, struct channel *ch, struct pipe_msg *m,
 			      uint64_t body_size);
-int pipeline_stream_out(struct session *s, struct channel *ch, struct pipe_msg *m,
+int pipeline_stream_out(struct pipeline *p, struct channel *ch, struct pipe_msg *m,
 			const void *data, size_t len);
-void pipeline_stream_out_end(struct session *s, struct channel *ch, struct pipe_msg *m);
+void pipeline_stream_out_end(struct pipeline *p, struct channel *ch, struct pipe_msg *m);
 /* Let go of a message that waited, without a word to either side (its
  * channel went away); its leg's frames flow again. */
-void pipeline_drop(struct session *s, struct pipe_msg *m);
+void pipeline_drop(struct pipeline *p, struct pipe_msg *m);
 /* Bytes queued towards the client (for a hook pacing a stream). */
-size_t pipeline_client_backlog(struct session *s);
+size_t pipeline_client_backlog(struct pipeline *p);
 
 /* For hooks: forward a held delivery now, or give it back to the broker. */
-int pipeline_release(struct session *s, struct channel *ch, struct pipe_msg *m);
-int pipeline_requeue(struct session *s, struct channel *ch, struct pipe_msg *m, int requeue);
+int pipeline_release(struct pipeline *p, struct channel *ch, struct pipe_msg *m);
+int pipeline_requeue(struct pipeline *p, struct channel *ch, struct pipe_msg *m, int requeue);
 /* For hooks: acknowledge a held delivery upstream; the client never sees it. */
-int pipeline_ack(struct session *s, struct channel *ch, struct pipe_msg *m);
+int pipeline_ack(struct pipeline *p, struct channel *ch, struct pipe_msg *m);
 /* The message's body (whole, as the publisher or broker sent it) in a new
  * malloc'd copy; 0 or -1. */
 int pipeline_body_copy(const struct pipe_msg *m, amqp_bytes_t *out);
 
-/* Which hooks want a message (each hook's answer in per_hook); 0 if none. */
-int pipeline_wants(struct session *s, struct channel *ch, enum pipe_kind kind,
-		   amqp_method_number_t id, void *method, int *per_hook);
-void pipeline_settled(struct session *s, struct channel *ch, amqp_method_number_t how,
+/* Which hooks want a message: each hook's answer in per_hook, which has
+ * PIPELINE_MAX_HOOKS slots, every one written (0 past the attached
+ * hooks); 0 if none. */
+int pipeline_wants(struct pipeline *p, struct channel *ch, enum pipe_kind kind,
+		   amqp_method_number_t id, void *method, int per_hook[PIPELINE_MAX_HOOKS]);
+void pipeline_settled(struct pipeline *p, struct channel *ch, amqp_method_number_t how,
 		      uint64_t broker_tag);
-void pipeline_channel_closed(struct session *s, struct channel *ch);
-void pipeline_drained(struct session *s);
-void pipeline_recovered(struct session *s, struct channel *ch);
-void pipeline_held_input(struct session *s, int from);
+void pipeline_channel_closed(struct pipeline *p, struct channel *ch);
+void pipeline_drained(struct pipeline *p);
+void pipeline_recovered(struct pipeline *p, struct channel *ch);
+void pipeline_held_input(struct pipeline *p, int from);
 /* Whether a hook follows the broker's confirms of forwarded publishes. */
-int pipeline_publish_watched(const struct session *s);
-void pipeline_publish_settled(struct session *s, struct channel *ch, uint64_t broker_seq,
+int pipeline_publish_watched(const struct pipeline *p);
+void pipeline_publish_settled(struct pipeline *p, struct channel *ch, uint64_t broker_seq,
 			      int acked);
 /* Whether a client settle may go upstream now (0), or waits (1). */
-int pipeline_settle_gate(struct session *s, struct channel *ch, amqp_method_number_t how,
+int pipeline_settle_gate(struct pipeline *p, struct channel *ch, amqp_method_number_t how,
 			 uint64_t client_tag, int multiple);
 /* For hooks: a settle that waited may be asked about again. */
-void pipeline_settle_release(struct session *s);
+void pipeline_settle_release(struct pipeline *p);
 
 #endif

@@ -1,9 +1,17 @@
-/* session: one client connection and its broker connection, the frames
- * between them, and the state of the pair. */
+/* session: one client connection and its broker connection: the pair's
+ * state and lifetime, and the entry points the files of the session share.
+ * The session is spread over files by concern (docs/architecture.md):
+ *   session.c    lifetime, state, events, wake-ups, closing
+ *   dial.c       connecting the broker leg (addresses, failover, TLS, PROXY)
+ *   handshake.c  the protocol header, connection negotiation, the greeting
+ *   relay.c      frames: classification, the pump, the lookahead, content
+ *   request.c    methods the client sends that the proxy reads
+ *   response.c   methods the broker sends that the proxy reads */
 #ifndef ACEMQ_SESSION_H
 #define ACEMQ_SESSION_H
 
 #include "channel.h"
+#include "limits.h"
 #include "pipeline.h"
 #include "upstream.h"
 
@@ -35,6 +43,7 @@ struct leg {
 	enum chan_dir dir;   /* direction of the frames this leg reads */
 	unsigned paused : 1; /* reads stopped: the other leg's output is full */
 	unsigned eof : 1;    /* the peer closed or failed */
+	unsigned woken : 1;  /* pump it at the session's next wake-up */
 	unsigned done : 1;   /* CLOSING: this leg finished its close handshake */
 	unsigned held;       /* holds on this leg's frames (session_hold) */
 };
@@ -71,14 +80,9 @@ struct session {
 	struct channel **chans;
 	uint32_t nchans;
 	struct event *timer;
-	int nhooks;
-	int track; /* hooks may swallow, hold or answer: translate tags */
-	uint64_t rules_generation;
-	const struct rules_vhost *rules; /* cached for rules_generation */
-	const struct pipe_hook *hooks[PIPELINE_MAX_HOOKS];
-	void *hook_state[PIPELINE_MAX_HOOKS];
+	struct event *wake;          /* made active to pump woken legs later this turn */
+	struct pipeline pipe;        /* the hooks, and what they see of the session */
 	struct session *prev, *next; /* the worker's list */
-	struct session *id_next;     /* the worker's id table */
 };
 
 /* Take over an accepted socket (tls: its client speaks TLS). */
@@ -86,37 +90,66 @@ struct session *session_new(struct worker *w, int fd, const struct sockaddr *sa,
 			    int tls);
 /* Close both legs with connection.close code (the proxy's own close). */
 void session_close(struct session *s, uint16_t code, const char *text);
-/* Frames read from one direction wait (a message waits for a hook) until
- * every hold is released; then they flow again. */
-void session_hold(struct session *s, enum chan_dir from);
-void session_unhold(struct session *s, enum chan_dir from);
-/* Close one channel on both sides with code (the broker's close-ok is
- * dropped), as the broker does for a channel error. */
-void session_channel_error(struct session *s, struct channel *ch, uint16_t code,
-			   const char *text, uint16_t class_id, uint16_t method_id);
-/* Run fn for a completion that arrived off the session's stack, under the
- * lifetime rule: not at all when the session started closing. Returns 1
- * if fn ran. */
-int session_complete(struct session *s, void (*fn)(struct session *s, void *arg), void *arg);
-/* For hooks that batch store work: each complete frame read from the
- * leg that sends towards `from` and not yet looked at, in order; payload
- * holds a method or header frame's bytes (NULL for a body). Stops when fn
- * returns nonzero. */
-void session_lookahead(struct session *s, enum chan_dir from,
-		       int (*fn)(void *arg, const struct frame_info *fi, const uint8_t *payload,
-				 size_t len),
-		       void *arg);
 /* The worker swapped in a new rules set. */
 void session_rules_changed(struct session *s);
-/* A completion or timer that ran off the session's stack looks its session
- * up by id with worker_session_find and does nothing when it is gone. */
-
-struct evbuffer *session_out(struct session *s, enum chan_dir dir);
-struct channel *session_channel(struct session *s, uint16_t id);
 /* One row of GET /connections, as a JSON object, on the session's worker. */
 void session_describe(struct session *s, struct evbuffer *out);
-/* The rules for the session's vhost as of now, or NULL. */
-const struct rules_vhost *session_rules(struct session *s);
+
+/* ---- for the session's own files ---------------------------------------
+ * The lifetime rule: every event enters through session_event, which drops
+ * what a closing or gone session no longer takes; the memory goes only when
+ * the outermost event returns. A completion that arrives later reaches the
+ * session through its pipeline (pipeline_call), never by a stored pointer
+ * that outlived it: hooks cut their links in detach.
+ * The wake-up rule: nothing runs a leg's pump from inside another call. A
+ * leg that can go on (its holds released, its peer drained, the broker's
+ * connection.start passed) is marked and pumped from the session's wake
+ * event, later in the same loop turn. */
+
+#define REPLY_CONNECTION_FORCED   320
+#define REPLY_ACCESS_REFUSED      403
+#define REPLY_PRECONDITION_FAILED 406
+#define REPLY_FRAME_ERROR         501
+#define REPLY_SYNTAX_ERROR        502
+#define REPLY_COMMAND_INVALID     503
+#define REPLY_CHANNEL_ERROR       504
+#define REPLY_UNEXPECTED_FRAME    505
+#define REPLY_NOT_ALLOWED         530
+
+/* The one place the state changes. */
+void session_set_state(struct session *s, enum session_state st);
+/* The session is finished: both sockets close now (memory goes later). */
+void session_end(struct session *s);
+/* The proxy closes both legs itself with a connection.close. */
+void session_shut(struct session *s, uint16_t code, const char *text);
+/* Both legs flush what is queued for them, then the session ends. */
+void session_flush_and_go(struct session *s);
+/* Free a leg's socket once what is queued for it has been written. */
+void session_leg_finish(struct session *s, struct leg *l);
+/* Both legs gone: end. Returns 1 if it ended. */
+int session_reap(struct session *s);
+void session_leg_setup(struct session *s, struct leg *l, struct transport *tr,
+		       enum chan_dir dir);
+void session_timer_set(struct session *s, long ms);
+void session_nodelay(int fd);
+void session_format_peer(char *out, size_t len, const struct sockaddr *sa);
+struct evbuffer *session_out(struct session *s, enum chan_dir dir);
+/* The channel with this number, created when missing (frames from a leg),
+ * or NULL when out of memory. */
+struct channel *session_channel(struct session *s, uint16_t id);
+/* A channel is closed (or opened anew): its state goes. */
+void session_channel_shut(struct session *s, struct channel *ch);
+/* Frames read from one direction wait until every hold is released; the
+ * last release wakes the leg (see the wake-up rule). */
+void session_hold(struct session *s, enum chan_dir from);
+void session_unhold(struct session *s, enum chan_dir from);
+/* The leg facing the other peer. */
+static inline struct leg *session_other(struct session *s, struct leg *l)
+{
+	return l == &s->client ? &s->upstream : &s->client;
+}
+/* Mark a leg to be pumped at the next wake-up, later in this loop turn. */
+void session_wake(struct session *s, struct leg *l);
 
 #define session_log(s, level, fmt, ...)                                                       \
 	log_msg(level, "c=%llu client=%s vhost=%s user=%s " fmt, (unsigned long long)(s)->id, \

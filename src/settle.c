@@ -6,12 +6,11 @@
 
 #include "../amqp/method.h"
 #include "channel.h"
-#include "log.h"
 #include "pipeline.h"
-#include "session.h"
 #include "tagmap.h"
 
 #include <stdio.h>
+#include <string.h>
 
 struct settle_emit {
 	struct evbuffer *out;
@@ -39,7 +38,7 @@ static void settle_emit(void *arg, uint64_t tag, int multiple)
 }
 
 struct settle_note {
-	struct session *s;
+	struct pipeline *p;
 	struct channel *ch;
 	struct settle_emit e;
 };
@@ -49,16 +48,16 @@ static void settle_emit_noted(void *arg, uint64_t tag, int multiple)
 	struct settle_note *n = arg;
 
 	settle_emit(&n->e, tag, multiple);
-	pipeline_settled(n->s, n->ch, n->e.id, tag);
+	pipeline_settled(n->p, n->ch, n->e.id, tag);
 }
 
 /* A client's ack, nack or reject on a channel whose tags are mapped. */
-int settle_client(struct session *s, struct channel *ch, amqp_method_number_t id, void *decoded)
+int settle_client(struct pipeline *p, struct channel *ch, amqp_method_number_t id,
+		  void *decoded, char *why, size_t whylen)
 {
-	struct settle_note n = {s, ch, {session_out(s, DIR_TO_BROKER), ch->id, id, 0}};
+	struct settle_note n = {p, ch, {pipeline_out(p, DIR_TO_BROKER), ch->id, id, 0}};
 	uint64_t tag;
 	int multiple = 0;
-	char why[96];
 
 	if (id == AMQP_BASIC_ACK_METHOD) {
 		amqp_basic_ack_t *m = decoded;
@@ -77,18 +76,19 @@ int settle_client(struct session *s, struct channel *ch, amqp_method_number_t id
 		tag = m->delivery_tag;
 		n.e.requeue = m->requeue;
 	}
+	if (n.e.out == NULL)
+		return 0; /* the broker leg is gone: nothing to tell it */
 	if (tagmap_settle(&ch->tags, tag, multiple, settle_emit_noted, &n) != 0) {
 		/* What the broker says for a tag it does not know. */
-		snprintf(why, sizeof(why), "PRECONDITION_FAILED - unknown delivery tag %llu",
+		snprintf(why, whylen, "PRECONDITION_FAILED - unknown delivery tag %llu",
 			 (unsigned long long)tag);
-		session_channel_error(s, ch, AMQP_PRECONDITION_FAILED, why,
-				      (uint16_t)(id >> 16), (uint16_t)id);
+		return -1;
 	}
 	return 0;
 }
 
 struct settle_confirm_note {
-	struct session *s;
+	struct pipeline *p;
 	struct channel *ch;
 	int acked;
 };
@@ -97,15 +97,15 @@ static void settle_publish_outcome(void *arg, uint64_t broker_seq)
 {
 	struct settle_confirm_note *n = arg;
 
-	pipeline_publish_settled(n->s, n->ch, broker_seq, n->acked);
+	pipeline_publish_settled(n->p, n->ch, broker_seq, n->acked);
 }
 
 /* The broker's ack or nack of publishes on a channel with mapped confirms. */
-void settle_broker_confirm(struct session *s, struct channel *ch, amqp_method_number_t id,
-			   void *decoded)
+int settle_broker_confirm(struct pipeline *p, struct channel *ch, amqp_method_number_t id,
+			  void *decoded)
 {
-	struct settle_emit e = {session_out(s, DIR_TO_CLIENT), ch->id, id, 0};
-	struct settle_confirm_note n = {s, ch, id == AMQP_BASIC_ACK_METHOD};
+	struct settle_emit e = {pipeline_out(p, DIR_TO_CLIENT), ch->id, id, 0};
+	struct settle_confirm_note n = {p, ch, id == AMQP_BASIC_ACK_METHOD};
 	uint64_t tag;
 	int multiple;
 
@@ -122,10 +122,9 @@ void settle_broker_confirm(struct session *s, struct channel *ch, amqp_method_nu
 		e.requeue = m->requeue;
 	}
 	/* Hooks that follow their publishes learn each one's outcome. */
-	if (pipeline_publish_watched(s))
+	if (pipeline_publish_watched(p))
 		confirmmap_covered(&ch->confirms, tag, multiple, settle_publish_outcome, &n);
-	if (confirmmap_settle(&ch->confirms, tag, multiple, settle_emit, &e) != 0)
-		session_log(s, LOG_WARNING,
-			    "broker confirmed unknown sequence %llu on channel %u",
-			    (unsigned long long)tag, ch->id);
+	if (e.out == NULL)
+		return 0; /* the client is gone: nothing to tell it */
+	return confirmmap_settle(&ch->confirms, tag, multiple, settle_emit, &e) != 0 ? -1 : 0;
 }

@@ -4,18 +4,22 @@
 #define ACEMQ_SETTLE_H
 
 #include <amqp.h>
+#include <stddef.h>
 
-struct session;
+struct pipeline;
 struct channel;
 
 /* A client's basic.ack, basic.nack or basic.reject (decoded) on a channel
- * whose delivery tags are mapped: the broker's tags go upstream; a tag the
- * client was never given is a channel error, as at the broker. Returns 0. */
-int settle_client(struct session *s, struct channel *ch, amqp_method_number_t id,
-		  void *decoded);
+ * whose delivery tags are mapped: the broker's tags go upstream. Returns 0,
+ * or -1 for a tag the client was never given, with the broker's words for
+ * it in why: the caller closes the channel (406), as the broker would. */
+int settle_client(struct pipeline *p, struct channel *ch, amqp_method_number_t id,
+		  void *decoded, char *why, size_t whylen);
 /* The broker's basic.ack or basic.nack of publishes on a channel whose
- * confirms are mapped: the client's sequence numbers go to the client. */
-void settle_broker_confirm(struct session *s, struct channel *ch, amqp_method_number_t id,
-			   void *decoded);
+ * confirms are mapped: the client's sequence numbers go to the client.
+ * Returns 0, or -1 when the broker confirmed a sequence number it was
+ * never given (the caller logs it). */
+int settle_broker_confirm(struct pipeline *p, struct channel *ch, amqp_method_number_t id,
+			  void *decoded);
 
 #endif

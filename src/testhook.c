@@ -9,7 +9,6 @@
 #include "channel.h"
 #include "log.h"
 #include "pipeline.h"
-#include "session.h"
 
 #include <event2/buffer.h>
 #include <stdio.h>
@@ -28,10 +27,10 @@ struct testhook_state {
 	uint32_t n;
 };
 
-static void *testhook_attach(struct session *s)
+static void *testhook_attach(struct pipeline *p)
 {
 	/* A vhost named plain* is left alone, for tests that compare. */
-	if (strncmp(s->vhost, "plain", 5) == 0)
+	if (strncmp(p->vhost, "plain", 5) == 0)
 		return NULL;
 	return calloc(1, sizeof(struct testhook_state));
 }
@@ -65,13 +64,13 @@ static uint32_t *testhook_counter(struct testhook_state *st, uint16_t ch, int pu
 	return pub ? &st->publishes[ch] : &st->deliveries[ch];
 }
 
-static int testhook_wants(void *state, struct session *s, struct channel *ch,
+static int testhook_wants(void *state, struct pipeline *p, struct channel *ch,
 			  enum pipe_kind kind, amqp_method_number_t id, void *method)
 {
 	return kind == PIPE_RETURN ? PIPE_WANT_NONE : PIPE_WANT_MSG;
 }
 
-static enum pipe_verdict testhook_message(void *state, struct session *s, struct channel *ch,
+static enum pipe_verdict testhook_message(void *state, struct pipeline *p, struct channel *ch,
 					  struct pipe_msg *m)
 {
 	uint32_t *n = testhook_counter(state, ch->id, m->kind == PIPE_PUBLISH);
@@ -84,21 +83,21 @@ static enum pipe_verdict testhook_message(void *state, struct session *s, struct
 	return *n % 3 == 0 ? PIPE_SWALLOW : PIPE_PASS;
 }
 
-static int testhook_stream_begin(void *state, struct session *s, struct channel *ch,
+static int testhook_stream_begin(void *state, struct pipeline *p, struct channel *ch,
 				 struct pipe_msg *m)
 {
 	struct testhook_state *st = state;
-	amqp_basic_publish_t *p = m->method;
+	amqp_basic_publish_t *pub = m->method;
 
-	if (m->kind != PIPE_PUBLISH || p->routing_key.len < 7 ||
-	    memcmp(p->routing_key.bytes, "stream.", 7) != 0)
+	if (m->kind != PIPE_PUBLISH || pub->routing_key.len < 7 ||
+	    memcmp(pub->routing_key.bytes, "stream.", 7) != 0)
 		return 0;
 	st->stream.len = 0;
 	st->stream.hash = 0xcbf29ce484222325ULL;
 	return 1;
 }
 
-static int testhook_stream_body(void *state, struct session *s, struct channel *ch,
+static int testhook_stream_body(void *state, struct pipeline *p, struct channel *ch,
 				struct pipe_msg *m, const uint8_t *data, size_t len)
 {
 	struct testhook_state *st = state;
@@ -121,7 +120,7 @@ static int testhook_stream_body(void *state, struct session *s, struct channel *
 	return 0;
 }
 
-static void testhook_channel_closed(void *state, struct session *s, struct channel *ch)
+static void testhook_channel_closed(void *state, struct pipeline *p, struct channel *ch)
 {
 	struct testhook_state *st = state;
 

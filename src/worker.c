@@ -80,12 +80,16 @@ static void worker_notify_cb(evutil_socket_t fd, short what, void *arg)
 	pthread_mutex_unlock(&w->lock);
 
 	if (rules) {
-		struct session *s;
+		struct session *s, *next;
 
 		rules_unref(w->rules);
 		w->rules = rules;
-		for (s = w->sessions; s; s = s->next)
+		/* The next one is taken first: a session may end (and leave
+		 * the list) in its own event. */
+		for (s = w->sessions; s; s = next) {
+			next = s->next;
 			session_rules_changed(s);
+		}
 	}
 	for (i = 0; i < n; i++)
 		session_new(w, q[i].fd, (struct sockaddr *)&q[i].sa, q[i].salen, q[i].tls);
@@ -215,7 +219,6 @@ void worker_fini(struct worker *w)
 {
 	rules_unref(w->rules);
 	rules_unref(w->rules_pending);
-	free(w->byid);
 	if (w->drain_timer)
 		event_free(w->drain_timer);
 	event_free(w->notify);
@@ -226,57 +229,8 @@ void worker_fini(struct worker *w)
 	pthread_mutex_destroy(&w->lock);
 }
 
-static struct session **worker_id_slot(struct worker *w, uint64_t id)
-{
-	return &w->byid[(id * 0x9E3779B97F4A7C15ull >> 32) & (w->nbyid - 1)];
-}
-
-/* Keep the id table at most one session per slot on average. */
-static void worker_id_grow(struct worker *w)
-{
-	unsigned long n = w->nbyid ? w->nbyid * 2 : 64, old = w->nbyid, i;
-	struct session **prev = w->byid, *s, *next;
-
-	w->byid = calloc(n, sizeof(*w->byid));
-	if (w->byid == NULL) {
-		w->byid = prev; /* keep the old table: chains get longer */
-		return;
-	}
-	w->nbyid = n;
-	for (i = 0; i < old; i++)
-		for (s = prev[i]; s; s = next) {
-			struct session **slot = worker_id_slot(w, s->id);
-
-			next = s->id_next;
-			s->id_next = *slot;
-			*slot = s;
-		}
-	free(prev);
-}
-
-struct session *worker_session_find(struct worker *w, uint64_t id)
-{
-	struct session *s;
-
-	if (w->nbyid == 0)
-		return NULL;
-	for (s = *worker_id_slot(w, id); s; s = s->id_next)
-		if (s->id == id)
-			return s->state == SESSION_GONE ? NULL : s;
-	return NULL;
-}
-
 void worker_session_add(struct worker *w, struct session *s)
 {
-	struct session **slot;
-
-	if (w->nsessions >= w->nbyid)
-		worker_id_grow(w);
-	if (w->nbyid) {
-		slot = worker_id_slot(w, s->id);
-		s->id_next = *slot;
-		*slot = s;
-	}
 	s->next = w->sessions;
 	s->prev = NULL;
 	if (w->sessions)
@@ -287,14 +241,6 @@ void worker_session_add(struct worker *w, struct session *s)
 
 void worker_session_remove(struct worker *w, struct session *s)
 {
-	struct session **p;
-
-	if (w->nbyid)
-		for (p = worker_id_slot(w, s->id); *p; p = &(*p)->id_next)
-			if (*p == s) {
-				*p = s->id_next;
-				break;
-			}
 	if (s->prev)
 		s->prev->next = s->next;
 	else

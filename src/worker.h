@@ -61,8 +61,6 @@ struct worker {
 	struct event *drain_timer;
 	struct session *sessions;
 	unsigned long nsessions;
-	struct session **byid; /* sessions by id, chained; nbyid is a power of two */
-	unsigned long nbyid;
 	struct stats stats;
 	amqp_pool_t pool;                        /* scratch for decoding one frame at a time */
 	struct rules *rules;                     /* the set this worker applies */
@@ -94,7 +92,5 @@ void worker_set_rules(struct worker *w, struct rules *r);
 
 void worker_session_add(struct worker *w, struct session *s);
 void worker_session_remove(struct worker *w, struct session *s);
-/* The live session with this id, or NULL when it has gone. */
-struct session *worker_session_find(struct worker *w, uint64_t id);
 
 #endif

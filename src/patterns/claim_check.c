@@ -8,7 +8,6 @@
 #include "../log.h"
 #include "../pipeline.h"
 #include "../rules.h"
-#include "../session.h"
 #include "../store/claims.h"
 #include "../worker.h"
 
@@ -56,7 +55,7 @@ struct claim_check_rd {
 };
 
 struct claim_check {
-	struct session *s;
+	struct pipeline *p;
 	struct claims_where where;
 	long threshold;
 	enum rules_on_missing on_missing;
@@ -86,22 +85,22 @@ void claim_check_printable(char *out, size_t outlen, const uint8_t *key, size_t 
 	out[i] = 0;
 }
 
-static const struct rules_claim_check *claim_check_rule(struct session *s)
+static const struct rules_claim_check *claim_check_rule(struct pipeline *p)
 {
-	const struct rules_vhost *v = session_rules(s);
+	const struct rules_vhost *v = pipeline_rules(p);
 
 	return v && v->claim_check.enabled ? &v->claim_check : NULL;
 }
 
-static void *claim_check_attach(struct session *s)
+static void *claim_check_attach(struct pipeline *p)
 {
-	const struct rules_claim_check *rule = claim_check_rule(s);
+	const struct rules_claim_check *rule = claim_check_rule(p);
 	struct claim_check *cc;
 
 	if (rule == NULL || (cc = calloc(1, sizeof(*cc))) == NULL)
 		return NULL;
-	cc->s = s;
-	claims_where(&cc->where, s->vhost, rule);
+	cc->p = p;
+	claims_where(&cc->where, p->vhost, rule);
 	cc->threshold = rule->threshold;
 	cc->on_missing = rule->on_missing;
 	return cc;
@@ -160,25 +159,25 @@ static struct claim_check_up *claim_check_up_of(struct claim_check *cc, struct p
 	return NULL;
 }
 
-static int claim_check_wants(void *state, struct session *s, struct channel *ch,
+static int claim_check_wants(void *state, struct pipeline *p, struct channel *ch,
 			     enum pipe_kind kind, amqp_method_number_t id, void *method)
 {
-	const struct rules_claim_check *rule = claim_check_rule(s);
+	const struct rules_claim_check *rule = claim_check_rule(p);
 
 	if (rule == NULL)
 		return PIPE_WANT_NONE;
 	if (kind == PIPE_PUBLISH) {
-		amqp_basic_publish_t *p = method;
+		amqp_basic_publish_t *pub = method;
 
-		return rules_matches(&rule->match, p->exchange.bytes, p->exchange.len,
-				     p->routing_key.bytes, p->routing_key.len)
+		return rules_matches(&rule->match, pub->exchange.bytes, pub->exchange.len,
+				     pub->routing_key.bytes, pub->routing_key.len)
 			   ? PIPE_WANT_MSG
 			   : PIPE_WANT_NONE;
 	}
 	return PIPE_WANT_MSG; /* every delivery of the vhost, whoever published it */
 }
 
-static int claim_check_header_want(void *state, struct session *s, struct channel *ch,
+static int claim_check_header_want(void *state, struct pipeline *p, struct channel *ch,
 				   struct pipe_msg *m)
 {
 	struct claim_check *cc = state;
@@ -198,13 +197,13 @@ static int claim_check_header_want(void *state, struct session *s, struct channe
 
 /* ---- publish ----------------------------------------------------------- */
 
-static void claim_check_up_progress_in(struct session *s, void *arg)
+static void claim_check_up_progress_in(struct pipeline *p, void *arg)
 {
 	struct claim_check_up *up = arg;
 
 	if (up->held && claims_upload_pending(up->u) <= CLAIM_CHECK_LOW) {
 		up->held = 0;
-		session_unhold(s, DIR_TO_BROKER);
+		pipeline_wake(p, DIR_TO_BROKER);
 	}
 }
 
@@ -212,19 +211,19 @@ static void claim_check_up_progress(void *arg)
 {
 	struct claim_check_up *up = arg;
 
-	session_complete(up->cc->s, claim_check_up_progress_in, up);
+	pipeline_call(up->cc->p, claim_check_up_progress_in, up);
 }
 
-static void claim_check_up_done_in(struct session *s, void *arg)
+static void claim_check_up_done_in(struct pipeline *p, void *arg)
 {
 	struct claim_check_up *up = arg;
-	struct channel *ch = session_channel(s, up->channel);
+	struct channel *ch = pipeline_channel(p, up->channel);
 	struct pipe_msg *m = up->m;
 	enum pipe_verdict v = PIPE_REFUSE;
 
 	if (up->held) {
 		up->held = 0;
-		session_unhold(s, DIR_TO_BROKER);
+		pipeline_wake(p, DIR_TO_BROKER);
 	}
 	if (up->gone || ch == NULL || ch->proxy_closing) {
 		v = PIPE_SWALLOW; /* its channel went away: dropped */
@@ -237,8 +236,8 @@ static void claim_check_up_done_in(struct session *s, void *arg)
 		    evbuffer_add(m->body, claims_upload_key(up->u), CLAIMS_KEY_LEN) == 0) {
 			m->body_dirty = 1;
 			v = PIPE_PASS;
-			s->w->stats.claims_offloaded++;
-			s->w->stats.claims_offloaded_bytes += m->body_size;
+			p->w->stats.claims_offloaded++;
+			p->w->stats.claims_offloaded_bytes += m->body_size;
 		}
 	}
 	/* A durable payload nothing will refer to is removed. */
@@ -248,9 +247,9 @@ static void claim_check_up_done_in(struct session *s, void *arg)
 	up->waiting = 0; /* m goes to the pipeline */
 	claim_check_up_free(up);
 	if (ch)
-		pipeline_resume(s, ch, m, v);
+		pipeline_resume(p, ch, m, v);
 	else
-		pipeline_drop(s, m);
+		pipeline_drop(p, m);
 }
 
 static void claim_check_up_done(void *arg, int rc)
@@ -259,11 +258,11 @@ static void claim_check_up_done(void *arg, int rc)
 
 	up->rc = rc;
 	if (rc != 0) {
-		up->cc->s->w->stats.claims_store_errors++;
-		session_log(up->cc->s, LOG_WARNING,
-			    "claim check: the store refused a payload; publish refused");
+		up->cc->p->w->stats.claims_store_errors++;
+		pipeline_log(up->cc->p, LOG_WARNING,
+			     "claim check: the store refused a payload; publish refused");
 	}
-	if (!session_complete(up->cc->s, claim_check_up_done_in, up)) {
+	if (!pipeline_call(up->cc->p, claim_check_up_done_in, up)) {
 		/* The session is closing: the publish is not forwarded. */
 		if (rc == 0)
 			claims_upload_discard(up->u);
@@ -272,7 +271,7 @@ static void claim_check_up_done(void *arg, int rc)
 	}
 }
 
-static int claim_check_stream_begin(void *state, struct session *s, struct channel *ch,
+static int claim_check_stream_begin(void *state, struct pipeline *p, struct channel *ch,
 				    struct pipe_msg *m)
 {
 	struct claim_check *cc = state;
@@ -286,7 +285,7 @@ static int claim_check_stream_begin(void *state, struct session *s, struct chann
 	up->cc = cc;
 	up->m = m;
 	up->channel = ch->id;
-	up->u = claims_upload_begin(&cc->where, s->w, claim_check_up_progress,
+	up->u = claims_upload_begin(&cc->where, p->w, claim_check_up_progress,
 				    claim_check_up_done, up);
 	/* Without an upload the publish is refused at the end. */
 	up->next = cc->ups;
@@ -305,7 +304,7 @@ static int claim_check_keep(struct pipe_msg *m, const uint8_t *p, size_t len)
 	return evbuffer_add(m->body, p, len);
 }
 
-static int claim_check_stream_body(void *state, struct session *s, struct channel *ch,
+static int claim_check_stream_body(void *state, struct pipeline *p, struct channel *ch,
 				   struct pipe_msg *m, const uint8_t *data, size_t len)
 {
 	struct claim_check_up *up = claim_check_up_of(state, m);
@@ -337,12 +336,12 @@ static int claim_check_stream_body(void *state, struct session *s, struct channe
 		return 0; /* refused at the end; the rest of the body is dropped */
 	if (!up->held && claims_upload_pending(up->u) >= CLAIM_CHECK_HIGH) {
 		up->held = 1;
-		session_hold(s, DIR_TO_BROKER);
+		pipeline_hold(p, DIR_TO_BROKER);
 	}
 	return 0;
 }
 
-static enum pipe_verdict claim_check_publish(struct claim_check *cc, struct session *s,
+static enum pipe_verdict claim_check_publish(struct claim_check *cc, struct pipeline *p,
 					     struct pipe_msg *m)
 {
 	struct claim_check_up *up = claim_check_up_of(cc, m);
@@ -363,16 +362,16 @@ static enum pipe_verdict claim_check_publish(struct claim_check *cc, struct sess
 		return PIPE_PASS;
 	}
 	if (up->u == NULL || claims_upload_failed(up->u) || claims_upload_finish(up->u) != 0) {
-		s->w->stats.claims_store_errors++;
+		p->w->stats.claims_store_errors++;
 		claims_upload_abandon(up->u);
 		up->u = NULL;
 		if (up->held) {
 			up->held = 0;
-			session_unhold(s, DIR_TO_BROKER);
+			pipeline_wake(p, DIR_TO_BROKER);
 		}
 		up->waiting = 0;
 		claim_check_up_free(up);
-		session_log(s, LOG_WARNING, "claim check: the store refused a payload");
+		pipeline_log(p, LOG_WARNING, "claim check: the store refused a payload");
 		return PIPE_REFUSE;
 	}
 	return PIPE_WAIT;
@@ -380,10 +379,10 @@ static enum pipe_verdict claim_check_publish(struct claim_check *cc, struct sess
 
 /* ---- delivery ------------------------------------------------------------ */
 
-static void claim_check_rd_end(struct session *s, struct claim_check_rd *rd,
+static void claim_check_rd_end(struct pipeline *p, struct claim_check_rd *rd,
 			       enum pipe_verdict v)
 {
-	struct channel *ch = session_channel(s, rd->channel);
+	struct channel *ch = pipeline_channel(p, rd->channel);
 	struct pipe_msg *m = rd->m;
 
 	rd->m = NULL;
@@ -394,16 +393,16 @@ static void claim_check_rd_end(struct session *s, struct claim_check_rd *rd,
 		pipe_msg_free(m);
 		return;
 	}
-	pipeline_resume(s, ch, m, v);
+	pipeline_resume(p, ch, m, v);
 }
 
-static enum pipe_verdict claim_check_missing(struct claim_check *cc, struct session *s,
+static enum pipe_verdict claim_check_missing(struct claim_check *cc, struct pipeline *p,
 					     const char *why, const char *key)
 {
-	s->w->stats.claims_missing++;
-	session_log(s, LOG_WARNING, "claim check: %s (key %.64s): %s", why, key,
-		    cc->on_missing == RULES_MISSING_PASS ? "delivered as it is"
-							 : "dead-lettered");
+	p->w->stats.claims_missing++;
+	pipeline_log(p, LOG_WARNING, "claim check: %s (key %.64s): %s", why, key,
+		     cc->on_missing == RULES_MISSING_PASS ? "delivered as it is"
+							  : "dead-lettered");
 	return cc->on_missing == RULES_MISSING_PASS ? PIPE_PASS : PIPE_REJECT;
 }
 
@@ -413,11 +412,11 @@ struct claim_check_opened {
 	uint64_t size;
 };
 
-static void claim_check_read_opened_in(struct session *s, void *arg)
+static void claim_check_read_opened_in(struct pipeline *p, void *arg)
 {
 	struct claim_check_opened *o = arg;
 	struct claim_check_rd *rd = o->rd;
-	struct channel *ch = session_channel(s, rd->channel);
+	struct channel *ch = pipeline_channel(p, rd->channel);
 
 	if (rd->gone) {
 		/* Its channel closed: the broker has it back already. */
@@ -427,22 +426,22 @@ static void claim_check_read_opened_in(struct session *s, void *arg)
 		claims_read_abandon(rd->r);
 		rd->r = NULL;
 		claim_check_rd_free(rd);
-		pipeline_stream_out_end(s, ch, m);
+		pipeline_stream_out_end(p, ch, m);
 		return;
 	}
 	if (o->rc == 1) {
 		claim_check_rd_end(
-		    s, rd, claim_check_missing(rd->cc, s, "payload not in the store", rd->key));
+		    p, rd, claim_check_missing(rd->cc, p, "payload not in the store", rd->key));
 		return;
 	}
 	if (o->rc != 0) {
-		s->w->stats.claims_store_errors++;
-		session_log(s, LOG_ERROR, "claim check: reading %s failed", rd->key);
-		claim_check_rd_end(s, rd, PIPE_REFUSE);
+		p->w->stats.claims_store_errors++;
+		pipeline_log(p, LOG_ERROR, "claim check: reading %s failed", rd->key);
+		claim_check_rd_end(p, rd, PIPE_REFUSE);
 		return;
 	}
-	if (pipeline_stream_out_begin(s, ch, rd->m, o->size) != 0) {
-		claim_check_rd_end(s, rd, PIPE_REFUSE);
+	if (pipeline_stream_out_begin(p, ch, rd->m, o->size) != 0) {
+		claim_check_rd_end(p, rd, PIPE_REFUSE);
 		return;
 	}
 	rd->started = 1;
@@ -454,7 +453,7 @@ static void claim_check_read_opened(void *arg, int rc, uint64_t size)
 	struct claim_check_rd *rd = arg;
 	struct claim_check_opened o = {rd, rc, size};
 
-	if (!session_complete(rd->cc->s, claim_check_read_opened_in, &o)) {
+	if (!pipeline_call(rd->cc->p, claim_check_read_opened_in, &o)) {
 		claims_read_abandon(rd->r);
 		rd->r = NULL;
 		claim_check_rd_free(rd);
@@ -469,9 +468,9 @@ struct claim_check_chunk {
 };
 
 /* The payload is out (or cannot be): the delivery is finished. */
-static void claim_check_rd_finish(struct session *s, struct claim_check_rd *rd, int ok)
+static void claim_check_rd_finish(struct pipeline *p, struct claim_check_rd *rd, int ok)
 {
-	struct channel *ch = session_channel(s, rd->channel);
+	struct channel *ch = pipeline_channel(p, rd->channel);
 	struct pipe_msg *m = rd->m;
 
 	rd->m = NULL;
@@ -481,37 +480,37 @@ static void claim_check_rd_finish(struct session *s, struct claim_check_rd *rd, 
 	if (!ok) {
 		/* Part of the body is out: the message cannot be finished on
 		 * its channel, so the connection goes (the broker requeues). */
-		s->w->stats.claims_store_errors++;
-		session_close(s, 541,
-			      "INTERNAL_ERROR - the proxy could not read a message's payload");
+		p->w->stats.claims_store_errors++;
+		pipeline_close(p, 541,
+			       "INTERNAL_ERROR - the proxy could not read a message's payload");
 	} else if (ch && !ch->proxy_closing) {
-		s->w->stats.claims_rehydrated++;
+		p->w->stats.claims_rehydrated++;
 	}
-	pipeline_stream_out_end(s, ch, m);
+	pipeline_stream_out_end(p, ch, m);
 }
 
-static void claim_check_read_chunk_in(struct session *s, void *arg)
+static void claim_check_read_chunk_in(struct pipeline *p, void *arg)
 {
 	struct claim_check_chunk *c = arg;
 	struct claim_check_rd *rd = c->rd;
-	struct channel *ch = session_channel(s, rd->channel);
+	struct channel *ch = pipeline_channel(p, rd->channel);
 
 	if (rd->gone) {
-		claim_check_rd_finish(s, rd, 1); /* its channel went: the close requeued it */
+		claim_check_rd_finish(p, rd, 1); /* its channel went: the close requeued it */
 		return;
 	}
 	if (c->rc != 0 || ch == NULL ||
-	    (c->len && pipeline_stream_out(s, ch, rd->m, c->data, c->len) != 0)) {
-		session_log(s, LOG_ERROR, "claim check: reading %s failed mid-way", rd->key);
-		claim_check_rd_finish(s, rd, 0);
+	    (c->len && pipeline_stream_out(p, ch, rd->m, c->data, c->len) != 0)) {
+		pipeline_log(p, LOG_ERROR, "claim check: reading %s failed mid-way", rd->key);
+		claim_check_rd_finish(p, rd, 0);
 		return;
 	}
 	if (c->len == 0) {
-		claim_check_rd_finish(s, rd, 1);
+		claim_check_rd_finish(p, rd, 1);
 		return;
 	}
 	/* At the client's pace: the next chunk once its output drains. */
-	if (pipeline_client_backlog(s) < (size_t)worker_settings.buffer_limit)
+	if (pipeline_client_backlog(p) < (size_t)worker_settings.buffer_limit)
 		claims_read_next(rd->r);
 	else
 		rd->want_next = 1;
@@ -522,27 +521,27 @@ static void claim_check_read_chunk(void *arg, int rc, const uint8_t *data, size_
 	struct claim_check_rd *rd = arg;
 	struct claim_check_chunk c = {rd, rc, data, len};
 
-	if (!session_complete(rd->cc->s, claim_check_read_chunk_in, &c)) {
+	if (!pipeline_call(rd->cc->p, claim_check_read_chunk_in, &c)) {
 		claims_read_abandon(rd->r);
 		rd->r = NULL;
 		claim_check_rd_free(rd);
 	}
 }
 
-static void claim_check_drained(void *state, struct session *s)
+static void claim_check_drained(void *state, struct pipeline *p)
 {
 	struct claim_check *cc = state;
 	struct claim_check_rd *rd;
 
 	for (rd = cc->rds; rd; rd = rd->next)
 		if (rd->want_next &&
-		    pipeline_client_backlog(s) < (size_t)worker_settings.buffer_limit) {
+		    pipeline_client_backlog(p) < (size_t)worker_settings.buffer_limit) {
 			rd->want_next = 0;
 			claims_read_next(rd->r);
 		}
 }
 
-static enum pipe_verdict claim_check_delivery(struct claim_check *cc, struct session *s,
+static enum pipe_verdict claim_check_delivery(struct claim_check *cc, struct pipeline *p,
 					      struct channel *ch, struct pipe_msg *m)
 {
 	size_t len = m->body ? evbuffer_get_length(m->body) : 0;
@@ -557,15 +556,15 @@ static enum pipe_verdict claim_check_delivery(struct claim_check *cc, struct ses
 	case CLAIM_CHECK_INLINED:
 		evbuffer_drain(m->body, 3);
 		m->body_dirty = 1;
-		s->w->stats.claims_inline_stripped++;
+		p->w->stats.claims_inline_stripped++;
 		return PIPE_PASS;
 	case CLAIM_CHECK_REFERENCE:
 		break;
 	}
 	if (!claims_key_valid(body + 3, klen)) {
-		s->w->stats.claims_bad_keys++;
+		p->w->stats.claims_bad_keys++;
 		claim_check_printable(shown, sizeof(shown), body + 3, klen);
-		return claim_check_missing(cc, s, "a key the store never issues", shown);
+		return claim_check_missing(cc, p, "a key the store never issues", shown);
 	}
 	rd = calloc(1, sizeof(*rd));
 	if (rd == NULL)
@@ -577,7 +576,7 @@ static enum pipe_verdict claim_check_delivery(struct claim_check *cc, struct ses
 	rd->key[CLAIMS_KEY_LEN] = 0;
 	rd->next = cc->rds;
 	cc->rds = rd;
-	rd->r = claims_read_open(&cc->where, s->w, rd->key, claim_check_read_opened,
+	rd->r = claims_read_open(&cc->where, p->w, rd->key, claim_check_read_opened,
 				 claim_check_read_chunk, rd);
 	if (rd->r == NULL) {
 		rd->m = NULL;
@@ -587,15 +586,15 @@ static enum pipe_verdict claim_check_delivery(struct claim_check *cc, struct ses
 	return PIPE_WAIT;
 }
 
-static enum pipe_verdict claim_check_message(void *state, struct session *s, struct channel *ch,
-					     struct pipe_msg *m)
+static enum pipe_verdict claim_check_message(void *state, struct pipeline *p,
+					     struct channel *ch, struct pipe_msg *m)
 {
 	if (m->kind == PIPE_PUBLISH)
-		return claim_check_publish(state, s, m);
-	return claim_check_delivery(state, s, ch, m);
+		return claim_check_publish(state, p, m);
+	return claim_check_delivery(state, p, ch, m);
 }
 
-static void claim_check_channel_closed(void *state, struct session *s, struct channel *ch)
+static void claim_check_channel_closed(void *state, struct pipeline *p, struct channel *ch)
 {
 	struct claim_check *cc = state;
 	struct claim_check_up *up, *next;
@@ -612,7 +611,7 @@ static void claim_check_channel_closed(void *state, struct session *s, struct ch
 		/* Still streaming: the channel frees the message. */
 		claims_upload_abandon(up->u);
 		if (up->held)
-			session_unhold(s, DIR_TO_BROKER);
+			pipeline_wake(p, DIR_TO_BROKER);
 		claim_check_up_free(up);
 	}
 	for (rd = cc->rds; rd; rd = rd->next)
@@ -622,7 +621,7 @@ static void claim_check_channel_closed(void *state, struct session *s, struct ch
 
 /* A publish disposed of before its message() reached this hook (a hook
  * before it answered it): its upload, streamed at header time, goes. */
-static void claim_check_published(void *state, struct session *s, struct channel *ch,
+static void claim_check_published(void *state, struct pipeline *p, struct channel *ch,
 				  struct pipe_msg *m, int forwarded, uint64_t broker_seq)
 {
 	struct claim_check_up *up = claim_check_up_of(state, m);
@@ -633,7 +632,7 @@ static void claim_check_published(void *state, struct session *s, struct channel
 	up->u = NULL;
 	if (up->held) {
 		up->held = 0;
-		session_unhold(s, DIR_TO_BROKER);
+		pipeline_wake(p, DIR_TO_BROKER);
 	}
 	claim_check_up_free(up);
 }

@@ -18,7 +18,6 @@
 #include "../log.h"
 #include "../pipeline.h"
 #include "../rules.h"
-#include "../session.h"
 #include "../store/idem.h"
 #include "../vstats.h"
 #include "../worker.h"
@@ -87,7 +86,7 @@ struct dedup_publish_list {
 };
 
 struct dedup_publish {
-	struct session *s;
+	struct pipeline *p;
 	uint64_t seq;                         /* publishes checked: their owners */
 	struct dedup_publish_list checks;     /* not forwarded yet, and looked ahead at */
 	struct dedup_publish_list confirming; /* forwarded, awaiting the broker */
@@ -108,17 +107,11 @@ void dedup_publish_init(struct state *st)
 		dedup_publish_instance = (uint64_t)time(NULL);
 }
 
-static const struct rules_dedup_publish *dedup_publish_rule(struct session *s)
+static const struct rules_dedup_publish *dedup_publish_rule(struct pipeline *p)
 {
-	const struct rules_vhost *v = session_rules(s);
+	const struct rules_vhost *v = pipeline_rules(p);
 
 	return v && v->dedup_publish.enabled ? &v->dedup_publish : NULL;
-}
-
-/* The channel, if the session has it (never created here). */
-static struct channel *dedup_publish_channel(struct session *s, uint16_t id)
-{
-	return id < s->nchans ? s->chans[id] : NULL;
 }
 
 /* The value of header name in p: a string as it is, an integer in decimal
@@ -247,7 +240,7 @@ static void dedup_publish_done(struct worker_call *c);
 static struct dedup_publish_op *dedup_publish_submit(struct dedup_publish_entry *e,
 						     enum idem_op what)
 {
-	struct session *s = e->st->s;
+	struct pipeline *p = e->st->p;
 	struct dedup_publish_op *op;
 	uint64_t span = what == IDEM_CLAIM     ? DEDUP_PUBLISH_LEASE_MS
 			: what == IDEM_CONFIRM ? (uint64_t)e->window_s * 1000
@@ -255,13 +248,13 @@ static struct dedup_publish_op *dedup_publish_submit(struct dedup_publish_entry 
 
 	if (dedup_publish_state == NULL || (op = calloc(1, sizeof(*op))) == NULL)
 		return NULL;
-	if (idem_dedup_prepare(&op->req, what, s->vhost, e->exchange, e->elen, e->value,
+	if (idem_dedup_prepare(&op->req, what, p->vhost, e->exchange, e->elen, e->value,
 			       e->vlen, e->owner, state_now_ms(), span) != 0) {
 		free(op);
 		return NULL;
 	}
 	op->req.w.call.fn = dedup_publish_done;
-	op->req.w.w = s->w;
+	op->req.w.w = p->w;
 	op->e = e;
 	state_submit(dedup_publish_state, &op->req.w);
 	return op;
@@ -271,7 +264,7 @@ static struct dedup_publish_op *dedup_publish_submit(struct dedup_publish_entry 
  * nobody waits for it. */
 static void dedup_publish_let_go(struct dedup_publish_entry *e, enum idem_op what)
 {
-	struct stats *stats = &e->st->s->w->stats;
+	struct stats *stats = &e->st->p->w->stats;
 	struct dedup_publish_op *op = dedup_publish_submit(e, what);
 
 	if (op)
@@ -316,7 +309,7 @@ static void dedup_publish_again(evutil_socket_t fd, short what, void *arg);
  * passed on (reserved), answered (a duplicate), or waiting (the value is
  * in flight elsewhere: asked again soon). e is freed unless it stays with
  * the publish; the caller keeps m in hand. */
-static enum pipe_verdict dedup_publish_answer(struct dedup_publish_entry *e, struct session *s,
+static enum pipe_verdict dedup_publish_answer(struct dedup_publish_entry *e, struct pipeline *p,
 					      struct channel *ch)
 {
 	struct timeval tv;
@@ -330,10 +323,10 @@ static enum pipe_verdict dedup_publish_answer(struct dedup_publish_entry *e, str
 	}
 	switch (e->answer) {
 	case IDEM_DUPLICATE:
-		s->w->stats.dedup_duplicate++;
-		vstats_add(vstats_get(s->vhost, NULL), VSTATS_dedup_duplicate);
-		session_log(s, LOG_DEBUG, "dedup_publish: a duplicate on channel %u answered",
-			    ch->id);
+		p->w->stats.dedup_duplicate++;
+		vstats_add(vstats_get(p->vhost, NULL), VSTATS_dedup_duplicate);
+		pipeline_log(p, LOG_DEBUG, "dedup_publish: a duplicate on channel %u answered",
+			     ch->id);
 		e->m = NULL;
 		dedup_publish_free(e);
 		return PIPE_ANSWER;
@@ -342,17 +335,17 @@ static enum pipe_verdict dedup_publish_answer(struct dedup_publish_entry *e, str
 		 * known (or its lease runs out). */
 		if (!e->waited) {
 			e->waited = 1;
-			s->w->stats.dedup_waited++;
+			p->w->stats.dedup_waited++;
 		}
 		if (e->phase != PHASE_WAITING)
 			e->st->nwaiting++;
 		e->phase = PHASE_WAITING;
 		if (e->timer == NULL)
-			e->timer = evtimer_new(s->w->base, dedup_publish_again, e);
+			e->timer = evtimer_new(p->w->base, dedup_publish_again, e);
 		tv.tv_sec = e->poll_ms / 1000;
 		tv.tv_usec = (e->poll_ms % 1000) * 1000;
 		if (e->timer == NULL || evtimer_add(e->timer, &tv) != 0) {
-			s->w->stats.dedup_store_errors++;
+			p->w->stats.dedup_store_errors++;
 			e->m = NULL;
 			dedup_publish_free(e);
 			return PIPE_PASS;
@@ -363,17 +356,17 @@ static enum pipe_verdict dedup_publish_answer(struct dedup_publish_entry *e, str
 		return PIPE_WAIT;
 	default:
 		/* Reserved: passed on (other hooks may still have their say). */
-		s->w->stats.dedup_first++;
-		vstats_add(vstats_get(s->vhost, NULL), VSTATS_dedup_first);
+		p->w->stats.dedup_first++;
+		vstats_add(vstats_get(p->vhost, NULL), VSTATS_dedup_first);
 		e->phase = PHASE_PASSED;
 		return PIPE_PASS;
 	}
 }
 
 /* A publish that waited (PIPE_WAIT) has its answer: finish it. */
-static void dedup_publish_resume(struct dedup_publish_entry *e, struct session *s)
+static void dedup_publish_resume(struct dedup_publish_entry *e, struct pipeline *p)
 {
-	struct channel *ch = dedup_publish_channel(s, e->channel);
+	struct channel *ch = pipeline_channel(p, e->channel);
 	struct pipe_msg *m = e->m;
 	enum pipe_verdict v;
 
@@ -384,20 +377,20 @@ static void dedup_publish_resume(struct dedup_publish_entry *e, struct session *
 			dedup_publish_let_go(e, IDEM_FORGET);
 		e->m = NULL;
 		dedup_publish_free(e);
-		pipeline_drop(s, m);
+		pipeline_drop(p, m);
 		return;
 	}
-	v = dedup_publish_answer(e, s, ch);
+	v = dedup_publish_answer(e, p, ch);
 	if (v != PIPE_WAIT)
-		pipeline_resume(s, ch, m, v);
+		pipeline_resume(p, ch, m, v);
 }
 
-static void dedup_publish_again_in(struct session *s, void *arg)
+static void dedup_publish_again_in(struct pipeline *p, void *arg)
 {
 	struct dedup_publish_entry *e = arg;
 
 	if (e->gone) {
-		dedup_publish_resume(e, s);
+		dedup_publish_resume(e, p);
 		return;
 	}
 	e->st->nwaiting--;
@@ -405,10 +398,10 @@ static void dedup_publish_again_in(struct session *s, void *arg)
 	e->answered = 0;
 	e->op = dedup_publish_submit(e, IDEM_CLAIM);
 	if (e->op == NULL) {
-		s->w->stats.dedup_store_errors++;
+		p->w->stats.dedup_store_errors++;
 		e->answered = 1;
 		e->rc = STATE_IO;
-		dedup_publish_resume(e, s);
+		dedup_publish_resume(e, p);
 	}
 }
 
@@ -416,10 +409,10 @@ static void dedup_publish_again(evutil_socket_t fd, short what, void *arg)
 {
 	struct dedup_publish_entry *e = arg;
 
-	session_complete(e->st->s, dedup_publish_again_in, e);
+	pipeline_call(e->st->p, dedup_publish_again_in, e);
 }
 
-static void dedup_publish_done_in(struct session *s, void *arg)
+static void dedup_publish_done_in(struct pipeline *p, void *arg)
 {
 	struct dedup_publish_op *op = arg;
 	struct dedup_publish_entry *e = op->e;
@@ -438,7 +431,7 @@ static void dedup_publish_done_in(struct session *s, void *arg)
 	}
 	if (e->m == NULL)
 		return; /* looked ahead: decided when its publish is read */
-	dedup_publish_resume(e, s);
+	dedup_publish_resume(e, p);
 }
 
 /* Ask about x's value again (its check is not out); when it cannot be
@@ -449,7 +442,7 @@ static void dedup_publish_recheck(struct dedup_publish_entry *x)
 	x->answered = 0;
 	x->op = dedup_publish_submit(x, IDEM_CLAIM);
 	if (x->op == NULL) {
-		x->st->s->w->stats.dedup_store_errors++;
+		x->st->p->w->stats.dedup_store_errors++;
 		x->answered = 1;
 		x->rc = STATE_IO;
 	}
@@ -461,7 +454,7 @@ static void dedup_publish_done(struct worker_call *c)
 
 	if (op->req.w.rc != STATE_OK)
 		op->req.w.w->stats.dedup_store_errors++;
-	if (op->e && !session_complete(op->e->st->s, dedup_publish_done_in, op)) {
+	if (op->e && !pipeline_call(op->e->st->p, dedup_publish_done_in, op)) {
 		/* The session is closing: what it reserved is given up when it
 		 * goes. */
 		op->e->op = NULL;
@@ -490,7 +483,7 @@ static struct dedup_publish_entry *dedup_publish_check(struct dedup_publish *st,
 	e->st = st;
 	e->channel = ch;
 	e->owner[0] = dedup_publish_instance ^ (++st->seq * 0x9E3779B97F4A7C15ull);
-	e->owner[1] = (st->s->id << 16) | ch;
+	e->owner[1] = (st->p->id << 16) | ch;
 	e->poll_ms = DEDUP_PUBLISH_POLL_MIN_MS;
 	e->window_s = window_s;
 	e->mandatory = mandatory != 0;
@@ -610,13 +603,13 @@ out:
 
 /* ---- the hook ---------------------------------------------------------------- */
 
-static void *dedup_publish_attach(struct session *s)
+static void *dedup_publish_attach(struct pipeline *p)
 {
 	struct dedup_publish *st;
 
-	if (dedup_publish_rule(s) == NULL || (st = calloc(1, sizeof(*st))) == NULL)
+	if (dedup_publish_rule(p) == NULL || (st = calloc(1, sizeof(*st))) == NULL)
 		return NULL;
-	st->s = s;
+	st->p = p;
 	init_amqp_pool(&st->pool, 4096);
 	return st;
 }
@@ -638,18 +631,18 @@ static void dedup_publish_detach(void *state)
 	free(st);
 }
 
-static int dedup_publish_wants(void *state, struct session *s, struct channel *ch,
+static int dedup_publish_wants(void *state, struct pipeline *p, struct channel *ch,
 			       enum pipe_kind kind, amqp_method_number_t id, void *method)
 {
 	struct dedup_publish *st = state;
 	const struct rules_dedup_publish *r;
-	amqp_basic_publish_t *p = method;
+	amqp_basic_publish_t *pub = method;
 
 	if (kind == PIPE_RETURN)
 		return st->nmandatory > 0 ? PIPE_WANT_MSG : PIPE_WANT_NONE;
-	if (kind != PIPE_PUBLISH || (r = dedup_publish_rule(s)) == NULL)
+	if (kind != PIPE_PUBLISH || (r = dedup_publish_rule(p)) == NULL)
 		return PIPE_WANT_NONE;
-	return dedup_publish_applies(r, p, NULL) ? PIPE_WANT_MSG : PIPE_WANT_NONE;
+	return dedup_publish_applies(r, pub, NULL) ? PIPE_WANT_MSG : PIPE_WANT_NONE;
 }
 
 /* A basic.return: the oldest mandatory publish awaiting its confirm on
@@ -671,18 +664,18 @@ static void dedup_publish_returned(struct dedup_publish *st, struct channel *ch,
 		}
 }
 
-static int dedup_publish_header_want(void *state, struct session *s, struct channel *ch,
+static int dedup_publish_header_want(void *state, struct pipeline *p, struct channel *ch,
 				     struct pipe_msg *m)
 {
-	const struct rules_dedup_publish *r = dedup_publish_rule(s);
-	const amqp_basic_properties_t *p = m->props;
+	const struct rules_dedup_publish *r = dedup_publish_rule(p);
+	const amqp_basic_properties_t *props = m->props;
 	const void *v;
 	char num[32];
 	size_t vlen;
 
 	if (r == NULL)
 		return PIPE_WANT_NONE;
-	vlen = dedup_publish_value(p, r->header, num, &v);
+	vlen = dedup_publish_value(props, r->header, num, &v);
 	if (m->kind == PIPE_RETURN) {
 		/* Only looked at: the return goes on as it came. */
 		if (vlen)
@@ -690,18 +683,18 @@ static int dedup_publish_header_want(void *state, struct session *s, struct chan
 		return PIPE_WANT_NONE;
 	}
 	if (vlen == 0) {
-		s->w->stats.dedup_no_header++;
+		p->w->stats.dedup_no_header++;
 		return PIPE_WANT_NONE; /* untouched, its body not held */
 	}
-	return dedup_publish_applies(r, m->method, p) ? PIPE_WANT_MSG : PIPE_WANT_NONE;
+	return dedup_publish_applies(r, m->method, props) ? PIPE_WANT_MSG : PIPE_WANT_NONE;
 }
 
-static enum pipe_verdict dedup_publish_message(void *state, struct session *s,
+static enum pipe_verdict dedup_publish_message(void *state, struct pipeline *p,
 					       struct channel *ch, struct pipe_msg *m)
 {
 	struct dedup_publish *st = state;
-	const struct rules_dedup_publish *r = dedup_publish_rule(s);
-	amqp_basic_publish_t *p = m->method;
+	const struct rules_dedup_publish *r = dedup_publish_rule(p);
+	amqp_basic_publish_t *pub = m->method;
 	struct dedup_publish_ahead a;
 	struct dedup_publish_entry *e;
 	const void *v;
@@ -709,37 +702,37 @@ static enum pipe_verdict dedup_publish_message(void *state, struct session *s,
 	size_t vlen;
 
 	/* Asked about every message another hook assembled too. */
-	if (m->kind != PIPE_PUBLISH || r == NULL || !dedup_publish_applies(r, p, m->props))
+	if (m->kind != PIPE_PUBLISH || r == NULL || !dedup_publish_applies(r, pub, m->props))
 		return PIPE_PASS;
 	vlen = dedup_publish_value(m->props, r->header, num, &v);
 	if (vlen == 0)
 		return PIPE_PASS;
-	e = dedup_publish_take(st, ch->id, &p->exchange, v, vlen);
+	e = dedup_publish_take(st, ch->id, &pub->exchange, v, vlen);
 	if (e) {
 		/* Checked ahead, with the batch before it. */
 		e->ahead = 0;
-		e->mandatory = p->mandatory != 0;
+		e->mandatory = pub->mandatory != 0;
 		e->window_s = r->window_s;
 		e->m = m;
 		if (!e->answered)
 			return PIPE_WAIT;
 		if (e->rc != STATE_OK || e->answer != IDEM_IN_PROGRESS)
-			return dedup_publish_answer(e, s, ch);
+			return dedup_publish_answer(e, p, ch);
 		/* In flight when it was looked ahead at: asked again now. */
 		e->answered = 0;
 		e->op = dedup_publish_submit(e, IDEM_CLAIM);
 		if (e->op)
 			return PIPE_WAIT;
-		s->w->stats.dedup_store_errors++;
+		p->w->stats.dedup_store_errors++;
 		e->m = NULL;
 		dedup_publish_free(e);
 		return PIPE_PASS;
 	}
-	e = dedup_publish_check(st, ch->id, p->exchange.bytes, p->exchange.len, p->mandatory, v,
-				vlen, r->window_s);
+	e = dedup_publish_check(st, ch->id, pub->exchange.bytes, pub->exchange.len,
+				pub->mandatory, v, vlen, r->window_s);
 	if (e == NULL) {
 		/* Cannot even ask: forwarded, not remembered. */
-		s->w->stats.dedup_store_errors++;
+		p->w->stats.dedup_store_errors++;
 		return PIPE_PASS;
 	}
 	e->m = m;
@@ -748,11 +741,11 @@ static enum pipe_verdict dedup_publish_message(void *state, struct session *s,
 	memset(&a, 0, sizeof(a));
 	a.st = st;
 	a.r = r;
-	session_lookahead(s, DIR_TO_BROKER, dedup_publish_ahead_frame, &a);
+	pipeline_lookahead(p, DIR_TO_BROKER, dedup_publish_ahead_frame, &a);
 	return PIPE_WAIT;
 }
 
-static void dedup_publish_published(void *state, struct session *s, struct channel *ch,
+static void dedup_publish_published(void *state, struct pipeline *p, struct channel *ch,
 				    struct pipe_msg *m, int forwarded, uint64_t broker_seq)
 {
 	struct dedup_publish *st = state;
@@ -791,7 +784,7 @@ static void dedup_publish_published(void *state, struct session *s, struct chann
 		st->nmandatory++;
 }
 
-static void dedup_publish_settled(void *state, struct session *s, struct channel *ch,
+static void dedup_publish_settled(void *state, struct pipeline *p, struct channel *ch,
 				  uint64_t broker_seq, int acked)
 {
 	struct dedup_publish *st = state;
@@ -806,7 +799,7 @@ static void dedup_publish_settled(void *state, struct session *s, struct channel
 	dedup_publish_free(e);
 }
 
-static void dedup_publish_channel_closed(void *state, struct session *s, struct channel *ch)
+static void dedup_publish_channel_closed(void *state, struct pipeline *p, struct channel *ch)
 {
 	struct dedup_publish *st = state;
 	struct dedup_publish_entry *e, *next;

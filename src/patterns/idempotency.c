@@ -15,7 +15,6 @@
 #include "../log.h"
 #include "../pipeline.h"
 #include "../rules.h"
-#include "../session.h"
 #include "../store/idem.h"
 #include "../vstats.h"
 #include "../worker.h"
@@ -72,7 +71,7 @@ struct idempotency_op {
 };
 
 struct idempotency {
-	struct session *s;
+	struct pipeline *p;
 	uint64_t owner0;
 	struct idempotency_entry *buckets[IDEMPOTENCY_BUCKETS];
 	struct {
@@ -96,9 +95,9 @@ void idempotency_init(struct state *st)
 		idempotency_instance = (uint64_t)time(NULL);
 }
 
-static const struct rules_idempotency *idempotency_rule(struct session *s, const char *queue)
+static const struct rules_idempotency *idempotency_rule(struct pipeline *p, const char *queue)
 {
-	const struct rules_vhost *v = session_rules(s);
+	const struct rules_vhost *v = pipeline_rules(p);
 	int i;
 
 	if (v == NULL || queue == NULL)
@@ -169,19 +168,19 @@ static struct idempotency_op *idempotency_submit(struct idempotency *st,
 	struct idempotency_op *op = calloc(1, sizeof(*op));
 	/* One owner per delivery: a forget gives up exactly its own claim. */
 	uint64_t owner[2] = {idempotency_instance ^ (e->broker_tag * 0x9E3779B97F4A7C15ull),
-			     (st->s->id << 16) | e->channel};
+			     (st->p->id << 16) | e->channel};
 	uint64_t span = what == IDEM_CLAIM     ? (uint64_t)e->lease_s * 1000
 			: what == IDEM_CONFIRM ? (uint64_t)e->retention_s * 1000
 					       : 0;
 
 	if (op == NULL || idempotency_state == NULL ||
-	    idem_prepare(&op->req, what, st->s->vhost, e->queue, e->key, e->klen, owner,
+	    idem_prepare(&op->req, what, st->p->vhost, e->queue, e->key, e->klen, owner,
 			 state_now_ms(), span) != 0) {
 		free(op);
 		return NULL;
 	}
 	op->req.w.call.fn = idempotency_done;
-	op->req.w.w = st->s->w;
+	op->req.w.w = st->p->w;
 	op->e = e;
 	state_submit(idempotency_state, &op->req.w);
 	return op;
@@ -208,7 +207,7 @@ static void idempotency_let_go(struct idempotency_entry *e, enum idem_op what)
 static void idempotency_put_back(evutil_socket_t fd, short what, void *arg);
 
 /* What happens to a delivery once its claim is answered. */
-static enum pipe_verdict idempotency_decide(struct idempotency_entry *e, struct session *s,
+static enum pipe_verdict idempotency_decide(struct idempotency_entry *e, struct pipeline *p,
 					    struct channel *ch)
 {
 	struct pipe_msg *m = e->m;
@@ -226,7 +225,7 @@ static enum pipe_verdict idempotency_decide(struct idempotency_entry *e, struct 
 	if (e->store_failed) {
 		/* The store could not say: delivered (never lost; it may run
 		 * twice). */
-		s->w->stats.idem_store_errors++;
+		p->w->stats.idem_store_errors++;
 		e->phase = PHASE_DELIVERED;
 		e->m = NULL;
 		if (m->no_ack)
@@ -235,13 +234,13 @@ static enum pipe_verdict idempotency_decide(struct idempotency_entry *e, struct 
 	}
 	switch (e->answer) {
 	case IDEM_DUPLICATE:
-		s->w->stats.idem_duplicate++;
+		p->w->stats.idem_duplicate++;
 		vstats_add(e->vs, VSTATS_duplicate);
 		e->m = NULL;
 		idempotency_entry_free(e);
 		return PIPE_SWALLOW; /* acknowledged upstream; never seen */
 	case IDEM_IN_PROGRESS:
-		s->w->stats.idem_in_progress++;
+		p->w->stats.idem_in_progress++;
 		vstats_add(e->vs, VSTATS_in_progress);
 		if (m->no_ack) {
 			/* The broker let go of it already: delivered, not lost. */
@@ -250,7 +249,7 @@ static enum pipe_verdict idempotency_decide(struct idempotency_entry *e, struct 
 			return PIPE_PASS;
 		}
 		e->phase = PHASE_HELD;
-		e->timer = evtimer_new(s->w->base, idempotency_put_back, e);
+		e->timer = evtimer_new(p->w->base, idempotency_put_back, e);
 		if (e->timer == NULL || evtimer_add(e->timer, &tv) != 0) {
 			e->m = NULL;
 			idempotency_entry_free(e);
@@ -258,7 +257,7 @@ static enum pipe_verdict idempotency_decide(struct idempotency_entry *e, struct 
 		}
 		return PIPE_HOLD; /* m stays with the entry */
 	default:
-		s->w->stats.idem_claimed++;
+		p->w->stats.idem_claimed++;
 		vstats_add(e->vs, VSTATS_claimed);
 		e->phase = PHASE_DELIVERED;
 		e->m = NULL;
@@ -273,10 +272,10 @@ static enum pipe_verdict idempotency_decide(struct idempotency_entry *e, struct 
 
 /* The put-back is settled: the original goes (acknowledged) once its copy
  * is confirmed in the queue; otherwise it is given back with a requeue. */
-static void idempotency_put_back_settle_in(struct session *s, void *arg)
+static void idempotency_put_back_settle_in(struct pipeline *p, void *arg)
 {
 	struct idempotency_entry *e = arg;
-	struct channel *ch = session_channel(s, e->channel);
+	struct channel *ch = pipeline_channel(p, e->channel);
 	struct pipe_msg *m = e->m;
 	struct vstats *vs = e->vs;
 	int copied = e->put_rc == ENGINE_OK;
@@ -288,13 +287,13 @@ static void idempotency_put_back_settle_in(struct session *s, void *arg)
 		return;
 	}
 	if (copied) {
-		s->w->stats.idem_put_back++;
+		p->w->stats.idem_put_back++;
 		vstats_add(vs, VSTATS_put_back);
-		pipeline_ack(s, ch, m);
+		pipeline_ack(p, ch, m);
 	} else {
-		s->w->stats.idem_put_back_requeued++;
+		p->w->stats.idem_put_back_requeued++;
 		vstats_add(vs, VSTATS_requeued);
-		pipeline_requeue(s, ch, m, 1);
+		pipeline_requeue(p, ch, m, 1);
 	}
 }
 
@@ -312,24 +311,24 @@ static void idempotency_put_back_done(struct worker_call *c)
 	 * the original back (and the copy, if confirmed, is one more look at
 	 * a key in progress: put back again later). */
 	if (e)
-		session_complete(e->st->s, idempotency_put_back_settle_in, e);
+		pipeline_call(e->st->p, idempotency_put_back_settle_in, e);
 }
 
 /* Republish the held delivery to its own queue over the proxy's own
  * connection, so no delivery attempt is spent (a quorum queue's
  * delivery-limit); without one, it is nacked with requeue. */
-static void idempotency_put_back_in(struct session *s, void *arg)
+static void idempotency_put_back_in(struct pipeline *p, void *arg)
 {
 	struct idempotency_entry *e = arg;
 	struct engine_req *r = NULL;
 	amqp_bytes_t body = {0, NULL};
 
 	if (e->m && !e->m->no_ack && engine_enabled() && pipeline_body_copy(e->m, &body) == 0 &&
-	    (r = engine_req_new(s->w, ENGINE_PUBLISH, idempotency_put_back_done)) != NULL &&
+	    (r = engine_req_new(p->w, ENGINE_PUBLISH, idempotency_put_back_done)) != NULL &&
 	    engine_req_publish(r, "", e->queue, e->m->props, body) == 0) {
 		r->owner = e;
 		e->put = r;
-		engine_submit(engine_get(s->vhost), r);
+		engine_submit(engine_get(p->vhost), r);
 		return;
 	}
 	if (r)
@@ -337,17 +336,17 @@ static void idempotency_put_back_in(struct session *s, void *arg)
 	else
 		free(body.bytes);
 	e->put_rc = ENGINE_UNAVAILABLE;
-	idempotency_put_back_settle_in(s, e);
+	idempotency_put_back_settle_in(p, e);
 }
 
 static void idempotency_put_back(evutil_socket_t fd, short what, void *arg)
 {
 	struct idempotency_entry *e = arg;
 
-	session_complete(e->st->s, idempotency_put_back_in, e);
+	pipeline_call(e->st->p, idempotency_put_back_in, e);
 }
 
-static void idempotency_done_in(struct session *s, void *arg)
+static void idempotency_done_in(struct pipeline *p, void *arg)
 {
 	struct idempotency_op *op = arg;
 	struct idempotency_entry *e = op->e;
@@ -365,25 +364,25 @@ static void idempotency_done_in(struct session *s, void *arg)
 		e->phase = PHASE_ANSWERED;
 		if (e->m == NULL)
 			return; /* looked ahead: decided when it is read */
-		ch = session_channel(s, e->channel);
+		ch = pipeline_channel(p, e->channel);
 		m = e->m;
-		v = idempotency_decide(e, s, ch);
+		v = idempotency_decide(e, p, ch);
 		if (ch)
-			pipeline_resume(s, ch, m, v);
+			pipeline_resume(p, ch, m, v);
 		else
-			pipeline_drop(s, m);
+			pipeline_drop(p, m);
 		return;
 	}
 	/* A confirm or forget is durable (or failed: the settle goes on, a
 	 * redelivery is then at worst run again). */
 	if (op->req.w.rc != STATE_OK)
-		s->w->stats.idem_store_errors++;
+		p->w->stats.idem_store_errors++;
 	e->settled = 1;
 	if (e->counted && st->gate_pending > 0)
 		st->gate_pending--;
 	if (st->gate_waiting && st->gate_pending == 0) {
 		st->gate_waiting = 0;
-		pipeline_settle_release(s);
+		pipeline_settle_release(p);
 	}
 }
 
@@ -391,7 +390,7 @@ static void idempotency_done(struct worker_call *c)
 {
 	struct idempotency_op *op = (struct idempotency_op *)c;
 
-	if (op->e == NULL || !session_complete(op->e->st->s, idempotency_done_in, op)) {
+	if (op->e == NULL || !pipeline_call(op->e->st->p, idempotency_done_in, op)) {
 		if (op->e)
 			op->e->op = NULL;
 		free(op);
@@ -467,7 +466,7 @@ static struct vstats *idempotency_vstats(struct idempotency *st, const char *que
 	i = st->vs_next++ % IDEMPOTENCY_VSTATS;
 	free(st->vs[i].queue);
 	st->vs[i].queue = strdup(queue);
-	st->vs[i].vs = vstats_get(st->s->vhost, queue);
+	st->vs[i].vs = vstats_get(st->p->vhost, queue);
 	return st->vs[i].vs;
 }
 
@@ -510,7 +509,7 @@ static int idempotency_claim(struct idempotency *st, struct idempotency_entry *e
 
 struct idempotency_ahead {
 	struct idempotency *st;
-	struct session *s;
+	struct pipeline *p;
 	/* a basic.deliver seen, waiting for its header */
 	int pending;
 	uint16_t channel;
@@ -529,7 +528,7 @@ static int idempotency_ahead_delivery(void *arg, const struct frame_info *fi,
 
 	if (fi->type == FRAME_METHOD && payload && fi->class_id == 60 && fi->method_id == 60) {
 		amqp_basic_deliver_t *d;
-		struct channel *ch = session_channel(a->s, fi->channel);
+		struct channel *ch = pipeline_channel(a->p, fi->channel);
 		const char *q;
 
 		a->pending = 0;
@@ -537,7 +536,7 @@ static int idempotency_ahead_delivery(void *arg, const struct frame_info *fi,
 			goto out;
 		d = decoded;
 		q = channel_consumer_queue(ch, d->consumer_tag.bytes, d->consumer_tag.len);
-		a->rule = idempotency_rule(a->s, q);
+		a->rule = idempotency_rule(a->p, q);
 		if (a->rule == NULL || a->rule->key == RULES_KEY_JSON ||
 		    channel_consumer_no_ack(ch, d->consumer_tag.bytes, d->consumer_tag.len) ||
 		    idempotency_find(st, fi->channel, d->delivery_tag))
@@ -615,7 +614,7 @@ static int idempotency_ahead_settle(void *arg, const struct frame_info *fi,
 	if (fi->type != FRAME_METHOD || payload == NULL || fi->class_id != 60 ||
 	    (fi->method_id != 80 && fi->method_id != 90 && fi->method_id != 120))
 		return 0;
-	g.ch = session_channel(a->s, fi->channel);
+	g.ch = pipeline_channel(a->p, fi->channel);
 	if (g.ch && method_decode(payload, len, &st->pool, &id, &decoded) == 0) {
 		g.how = id;
 		if (id == AMQP_BASIC_ACK_METHOD) {
@@ -635,14 +634,14 @@ static int idempotency_ahead_settle(void *arg, const struct frame_info *fi,
 
 /* ---- the hook ------------------------------------------------------------------ */
 
-static void *idempotency_attach(struct session *s)
+static void *idempotency_attach(struct pipeline *p)
 {
-	const struct rules_vhost *v = session_rules(s);
+	const struct rules_vhost *v = pipeline_rules(p);
 	struct idempotency *st;
 
 	if (v == NULL || v->nidempotency == 0 || (st = calloc(1, sizeof(*st))) == NULL)
 		return NULL;
-	st->s = s;
+	st->p = p;
 	init_amqp_pool(&st->pool, 4096);
 	return st;
 }
@@ -679,19 +678,19 @@ static const char *idempotency_queue_of(struct channel *ch, enum pipe_kind kind,
 	return kind == PIPE_GET_OK ? ch->get_queue : NULL;
 }
 
-static int idempotency_wants(void *state, struct session *s, struct channel *ch,
+static int idempotency_wants(void *state, struct pipeline *p, struct channel *ch,
 			     enum pipe_kind kind, amqp_method_number_t id, void *method)
 {
 	const struct rules_idempotency *r =
-	    idempotency_rule(s, idempotency_queue_of(ch, kind, method));
+	    idempotency_rule(p, idempotency_queue_of(ch, kind, method));
 
 	if (r == NULL)
 		return PIPE_WANT_NONE;
 	return r->key == RULES_KEY_JSON ? PIPE_WANT_MSG | PIPE_WANT_BODY : PIPE_WANT_MSG;
 }
 
-static enum pipe_verdict idempotency_message(void *state, struct session *s, struct channel *ch,
-					     struct pipe_msg *m)
+static enum pipe_verdict idempotency_message(void *state, struct pipeline *p,
+					     struct channel *ch, struct pipe_msg *m)
 {
 	struct idempotency *st = state;
 	const struct rules_idempotency *r;
@@ -706,12 +705,12 @@ static enum pipe_verdict idempotency_message(void *state, struct session *s, str
 	e = idempotency_find(st, ch->id, m->broker_tag);
 	if (e == NULL) {
 		fresh = 1;
-		r = idempotency_rule(s, idempotency_queue_of(ch, m->kind, m->method));
+		r = idempotency_rule(p, idempotency_queue_of(ch, m->kind, m->method));
 		if (r == NULL)
 			return PIPE_PASS;
 		klen = idempotency_key(r, m->props, m->body, &key);
 		if (klen == 0) {
-			s->w->stats.idem_no_key++;
+			p->w->stats.idem_no_key++;
 			vstats_add(idempotency_vstats(st, r->queue), VSTATS_no_key);
 			return PIPE_PASS;
 		}
@@ -722,41 +721,41 @@ static enum pipe_verdict idempotency_message(void *state, struct session *s, str
 			return PIPE_PASS;
 		if (idempotency_claim(st, e) != 0) {
 			idempotency_entry_free(e);
-			s->w->stats.idem_store_errors++;
+			p->w->stats.idem_store_errors++;
 			return PIPE_PASS;
 		}
 	}
 	e->m = m;
 	if (e->phase == PHASE_ANSWERED)
-		return idempotency_decide(e, s, ch);
+		return idempotency_decide(e, p, ch);
 	/* Claims for the deliveries behind this one go out now, together;
 	 * once per batch: the ones behind were claimed by the look-ahead. */
 	if (fresh) {
 		memset(&a, 0, sizeof(a));
 		a.st = st;
-		a.s = s;
-		session_lookahead(s, DIR_TO_CLIENT, idempotency_ahead_delivery, &a);
+		a.p = p;
+		pipeline_lookahead(p, DIR_TO_CLIENT, idempotency_ahead_delivery, &a);
 	}
 	return PIPE_WAIT;
 }
 
 /* More of the broker's deliveries (or the client's settles) arrived while
  * one waits: their claims (confirms) join the commit about to be made. */
-static void idempotency_held_input(void *state, struct session *s, int from)
+static void idempotency_held_input(void *state, struct pipeline *p, int from)
 {
 	struct idempotency *st = state;
 	struct idempotency_ahead a;
 
 	memset(&a, 0, sizeof(a));
 	a.st = st;
-	a.s = s;
+	a.p = p;
 	if (from == DIR_TO_CLIENT)
-		session_lookahead(s, DIR_TO_CLIENT, idempotency_ahead_delivery, &a);
+		pipeline_lookahead(p, DIR_TO_CLIENT, idempotency_ahead_delivery, &a);
 	else if (st->gate_waiting)
-		session_lookahead(s, DIR_TO_BROKER, idempotency_ahead_settle, &a);
+		pipeline_lookahead(p, DIR_TO_BROKER, idempotency_ahead_settle, &a);
 }
 
-static int idempotency_settle_gate(void *state, struct session *s, struct channel *ch,
+static int idempotency_settle_gate(void *state, struct pipeline *p, struct channel *ch,
 				   amqp_method_number_t how, uint64_t client_tag, int multiple)
 {
 	struct idempotency *st = state;
@@ -771,13 +770,13 @@ static int idempotency_settle_gate(void *state, struct session *s, struct channe
 	if (g.submitted) {
 		memset(&a, 0, sizeof(a));
 		a.st = st;
-		a.s = s;
-		session_lookahead(s, DIR_TO_BROKER, idempotency_ahead_settle, &a);
+		a.p = p;
+		pipeline_lookahead(p, DIR_TO_BROKER, idempotency_ahead_settle, &a);
 	}
 	return 1;
 }
 
-static void idempotency_settle(void *state, struct session *s, struct channel *ch,
+static void idempotency_settle(void *state, struct pipeline *p, struct channel *ch,
 			       amqp_method_number_t how, uint64_t broker_tag)
 {
 	struct idempotency_entry *e = idempotency_find(state, ch->id, broker_tag);
@@ -793,7 +792,7 @@ static void idempotency_settle(void *state, struct session *s, struct channel *c
 
 /* The channel closed, or the broker redelivers everything unacked on it
  * (basic.recover): keys claimed for it and not settled are forgotten. */
-static void idempotency_channel_gone(void *state, struct session *s, struct channel *ch)
+static void idempotency_channel_gone(void *state, struct pipeline *p, struct channel *ch)
 {
 	struct idempotency *st = state;
 	struct idempotency_entry *e, *next;

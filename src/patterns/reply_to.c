@@ -4,7 +4,6 @@
 #include "../../amqp/table.h"
 #include "../pipeline.h"
 #include "../rules.h"
-#include "../session.h"
 #include "../worker.h"
 
 #include <string.h>
@@ -110,45 +109,45 @@ int reply_to_normalise(amqp_basic_properties_t *p, amqp_pool_t *pool, int publis
 	return REPLY_TO_PROPERTY_SET | REPLY_TO_MISMATCH;
 }
 
-static int reply_to_enabled(struct session *s)
+static int reply_to_enabled(struct pipeline *p)
 {
-	const struct rules_vhost *v = session_rules(s);
+	const struct rules_vhost *v = pipeline_rules(p);
 
 	return v != NULL && v->reply_to;
 }
 
-static void *reply_to_attach(struct session *s)
+static void *reply_to_attach(struct pipeline *p)
 {
 	static int attached;
 
-	return reply_to_enabled(s) ? &attached : NULL;
+	return reply_to_enabled(p) ? &attached : NULL;
 }
 
-static int reply_to_wants(void *state, struct session *s, struct channel *ch,
+static int reply_to_wants(void *state, struct pipeline *p, struct channel *ch,
 			  enum pipe_kind kind, amqp_method_number_t id, void *method)
 {
-	if (kind == PIPE_RETURN || !reply_to_enabled(s))
+	if (kind == PIPE_RETURN || !reply_to_enabled(p))
 		return PIPE_WANT_NONE;
 	return PIPE_WANT_MSG;
 }
 
-static enum pipe_verdict reply_to_message(void *state, struct session *s, struct channel *ch,
+static enum pipe_verdict reply_to_message(void *state, struct pipeline *p, struct channel *ch,
 					  struct pipe_msg *m)
 {
 	int rc;
 
-	if (m->props == NULL || !reply_to_enabled(s))
+	if (m->props == NULL || !reply_to_enabled(p))
 		return PIPE_PASS;
 	rc = reply_to_normalise(m->props, &m->pool, m->kind == PIPE_PUBLISH);
 	if (rc <= 0)
 		return PIPE_PASS;
 	m->props_dirty = 1;
 	if (rc & REPLY_TO_HEADER_ADDED)
-		s->w->stats.reply_to_header_added++;
+		p->w->stats.reply_to_header_added++;
 	if (rc & REPLY_TO_PROPERTY_SET)
-		s->w->stats.reply_to_property_set++;
+		p->w->stats.reply_to_property_set++;
 	if (rc & REPLY_TO_MISMATCH)
-		s->w->stats.reply_to_mismatch++;
+		p->w->stats.reply_to_mismatch++;
 	return PIPE_PASS;
 }
 

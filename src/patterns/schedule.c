@@ -7,7 +7,6 @@
 #include "../log.h"
 #include "../pipeline.h"
 #include "../rules.h"
-#include "../session.h"
 #include "../store/state.h"
 #include "../worker.h"
 
@@ -17,7 +16,7 @@
 struct schedule_wait;
 
 struct schedule {
-	struct session *s;
+	struct pipeline *p;
 	struct engine *engine; /* NULL: no credentials of the proxy's own */
 	struct schedule_wait *waits;
 };
@@ -31,21 +30,21 @@ struct schedule_wait {
 	struct schedule_wait *next;
 };
 
-static const struct rules_schedule *schedule_rule(struct session *s)
+static const struct rules_schedule *schedule_rule(struct pipeline *p)
 {
-	const struct rules_vhost *v = session_rules(s);
+	const struct rules_vhost *v = pipeline_rules(p);
 
 	return v && v->schedule.enabled ? &v->schedule : NULL;
 }
 
-static void *schedule_attach(struct session *s)
+static void *schedule_attach(struct pipeline *p)
 {
 	struct schedule *st;
 
-	if (schedule_rule(s) == NULL || (st = calloc(1, sizeof(*st))) == NULL)
+	if (schedule_rule(p) == NULL || (st = calloc(1, sizeof(*st))) == NULL)
 		return NULL;
-	st->s = s;
-	st->engine = engine_get(s->vhost);
+	st->p = p;
+	st->engine = engine_get(p->vhost);
 	return st;
 }
 
@@ -76,23 +75,23 @@ static void schedule_detach(void *state)
 	free(st);
 }
 
-static int schedule_wants(void *state, struct session *s, struct channel *ch,
+static int schedule_wants(void *state, struct pipeline *p, struct channel *ch,
 			  enum pipe_kind kind, amqp_method_number_t id, void *method)
 {
-	const struct rules_schedule *rule = schedule_rule(s);
-	amqp_basic_publish_t *p = method;
+	const struct rules_schedule *rule = schedule_rule(p);
+	amqp_basic_publish_t *pub = method;
 
 	if (kind != PIPE_PUBLISH || rule == NULL)
 		return PIPE_WANT_NONE;
-	return rules_matches(&rule->match, p->exchange.bytes, p->exchange.len,
-			     p->routing_key.bytes, p->routing_key.len)
+	return rules_matches(&rule->match, pub->exchange.bytes, pub->exchange.len,
+			     pub->routing_key.bytes, pub->routing_key.len)
 		   ? PIPE_WANT_MSG
 		   : PIPE_WANT_NONE;
 }
 
-static int schedule_has_header(struct session *s, struct pipe_msg *m)
+static int schedule_has_header(struct pipeline *p, struct pipe_msg *m)
 {
-	const struct rules_schedule *rule = schedule_rule(s);
+	const struct rules_schedule *rule = schedule_rule(p);
 	int64_t ms;
 
 	return rule && m->props && (m->props->_flags & AMQP_BASIC_HEADERS_FLAG) &&
@@ -100,41 +99,41 @@ static int schedule_has_header(struct session *s, struct pipe_msg *m)
 }
 
 /* Only a publish that carries the delay header is held. */
-static int schedule_header_want(void *state, struct session *s, struct channel *ch,
+static int schedule_header_want(void *state, struct pipeline *p, struct channel *ch,
 				struct pipe_msg *m)
 {
-	return schedule_has_header(s, m) ? PIPE_WANT_MSG : PIPE_WANT_NONE;
+	return schedule_has_header(p, m) ? PIPE_WANT_MSG : PIPE_WANT_NONE;
 }
 
-static void schedule_ladder_in(struct session *s, void *arg)
+static void schedule_ladder_in(struct pipeline *p, void *arg)
 {
 	struct schedule_wait *w = arg;
-	struct channel *ch = session_channel(s, w->channel);
+	struct channel *ch = pipeline_channel(p, w->channel);
 	struct pipe_msg *m = w->m;
 
 	schedule_unlink(w->st, w);
 	free(w);
 	if (ch)
-		pipeline_resume(s, ch, m, PIPE_PASS);
+		pipeline_resume(p, ch, m, PIPE_PASS);
 	else
-		pipeline_drop(s, m);
+		pipeline_drop(p, m);
 }
 
-static void schedule_refused_in(struct session *s, void *arg)
+static void schedule_refused_in(struct pipeline *p, void *arg)
 {
 	struct schedule_wait *w = arg;
-	struct channel *ch = session_channel(s, w->channel);
+	struct channel *ch = pipeline_channel(p, w->channel);
 	struct pipe_msg *m = w->m;
 
 	schedule_unlink(w->st, w);
 	free(w);
-	session_log(s, LOG_WARNING,
-		    "a scheduled publish was refused: the schedule ladder "
-		    "could not be declared");
+	pipeline_log(p, LOG_WARNING,
+		     "a scheduled publish was refused: the schedule ladder "
+		     "could not be declared");
 	if (ch)
-		pipeline_resume(s, ch, m, PIPE_REFUSE);
+		pipeline_resume(p, ch, m, PIPE_REFUSE);
 	else
-		pipeline_drop(s, m);
+		pipeline_drop(p, m);
 }
 
 static void schedule_ladder_done(struct worker_call *c)
@@ -150,16 +149,15 @@ static void schedule_ladder_done(struct worker_call *c)
 		return;
 	}
 	/* Not run when the session is closing: detach then frees w. */
-	session_complete(w->st->s, rc == ENGINE_OK ? schedule_ladder_in : schedule_refused_in,
-			 w);
+	pipeline_call(w->st->p, rc == ENGINE_OK ? schedule_ladder_in : schedule_refused_in, w);
 }
 
-static enum pipe_verdict schedule_message(void *state, struct session *s, struct channel *ch,
+static enum pipe_verdict schedule_message(void *state, struct pipeline *p, struct channel *ch,
 					  struct pipe_msg *m)
 {
 	struct schedule *st = state;
-	const struct rules_schedule *rule = schedule_rule(s);
-	amqp_basic_publish_t *p = m->method;
+	const struct rules_schedule *rule = schedule_rule(p);
+	amqp_basic_publish_t *pub = m->method;
 	const struct ladder_rung *rung;
 	struct schedule_wait *w;
 	enum ladder_delay d;
@@ -185,11 +183,11 @@ static enum pipe_verdict schedule_message(void *state, struct session *s, struct
 	if (ms > INT64_MAX - now)
 		ms = INT64_MAX - now;
 	rung = ladder_rung_for(ms);
-	if (ladder_rewrite(m->props, &m->pool, p->exchange, p->routing_key, rule->header,
+	if (ladder_rewrite(m->props, &m->pool, pub->exchange, pub->routing_key, rule->header,
 			   now + ms) != 0)
 		return PIPE_REFUSE;
-	p->exchange = amqp_cstring_bytes(LADDER_EXCHANGE);
-	p->routing_key = amqp_cstring_bytes(rung->queue);
+	pub->exchange = amqp_cstring_bytes(LADDER_EXCHANGE);
+	pub->routing_key = amqp_cstring_bytes(rung->queue);
 	m->method_dirty = 1;
 	m->props_dirty = 1;
 	engine_count(st->engine, ENGINE_STAT_scheduled);
@@ -198,7 +196,7 @@ static enum pipe_verdict schedule_message(void *state, struct session *s, struct
 	if (!engine_enabled() || engine_ladder_ready(st->engine))
 		return PIPE_PASS;
 	if ((w = calloc(1, sizeof(*w))) == NULL ||
-	    (w->req = engine_req_new(s->w, ENGINE_LADDER, schedule_ladder_done)) == NULL) {
+	    (w->req = engine_req_new(p->w, ENGINE_LADDER, schedule_ladder_done)) == NULL) {
 		free(w);
 		return PIPE_REFUSE;
 	}

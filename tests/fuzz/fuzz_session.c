@@ -221,9 +221,16 @@ static void fuzz_init(void)
 	fz.ready = 1;
 }
 
+/* The session under test while it lives (the worker's list holds it
+ * until it is freed; a gone one is not looked at). */
 static struct session *fuzz_session(void)
 {
-	return worker_session_find(&fz.w, fz.sid);
+	struct session *s;
+
+	for (s = fz.w.sessions; s; s = s->next)
+		if (s->id == fz.sid)
+			return s->state == SESSION_GONE ? NULL : s;
+	return NULL;
 }
 
 static void fuzz_write(int fd, struct evbuffer *b)
