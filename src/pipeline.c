@@ -595,7 +595,7 @@ int pipeline_stream_out_begin(struct pipeline *p, struct channel *ch, struct pip
 	uint64_t *tagp = pipeline_tag_of(m);
 	int rc;
 
-	if (out == NULL || ch->proxy_closing)
+	if (out == NULL || ch == NULL || ch->proxy_closing)
 		return -1;
 	pipeline_rewrite(p, ch, m);
 	if (tagp) {
@@ -617,7 +617,7 @@ int pipeline_stream_out(struct pipeline *p, struct channel *ch, struct pipe_msg 
 	uint8_t head[FRAME_HEADER_SIZE];
 	const uint8_t end = FRAME_END;
 
-	if (out == NULL || ch->proxy_closing)
+	if (out == NULL || ch == NULL || ch->proxy_closing)
 		return -1;
 	while (len > 0) {
 		size_t n = len < chunk ? len : chunk;

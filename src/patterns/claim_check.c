@@ -390,7 +390,9 @@ static void claim_check_rd_end(struct pipeline *p, struct claim_check_rd *rd,
 	rd->r = NULL;
 	claim_check_rd_free(rd);
 	if (ch == NULL) {
-		pipe_msg_free(m);
+		/* Its channel went (or the client never opened it): the
+		 * delivery goes with it, and its leg flows again. */
+		pipeline_drop(p, m);
 		return;
 	}
 	pipeline_resume(p, ch, m, v);
@@ -418,7 +420,7 @@ static void claim_check_read_opened_in(struct pipeline *p, void *arg)
 	struct claim_check_rd *rd = o->rd;
 	struct channel *ch = pipeline_channel(p, rd->channel);
 
-	if (rd->gone) {
+	if (rd->gone || ch == NULL) {
 		/* Its channel closed: the broker has it back already. */
 		struct pipe_msg *m = rd->m;
 
