@@ -230,7 +230,9 @@ static void admin_snap_run(struct worker_call *c)
 	struct session *s;
 	int n = 0;
 
-	for (s = snap->w->sessions; mine && s; s = s->next) {
+	list_for_each_entry (s, &snap->w->sessions, link) {
+		if (mine == NULL)
+			break;
 		if (s->state == SESSION_GONE)
 			continue;
 		evbuffer_add_printf(mine, "\n    ");

@@ -12,6 +12,7 @@
 
 #include "channel.h"
 #include "limits.h"
+#include "list.h"
 #include "pipeline.h"
 #include "upstream.h"
 
@@ -80,9 +81,9 @@ struct session {
 	struct channel **chans;
 	uint32_t nchans;
 	struct event *timer;
-	struct event *wake;          /* made active to pump woken legs later this turn */
-	struct pipeline pipe;        /* the hooks, and what they see of the session */
-	struct session *prev, *next; /* the worker's list */
+	struct event *wake;   /* made active to pump woken legs later this turn */
+	struct pipeline pipe; /* the hooks, and what they see of the session */
+	struct list link;     /* in the worker's list */
 };
 
 /* Take over an accepted socket (tls: its client speaks TLS). */

@@ -24,15 +24,13 @@ static void worker_check_drained(struct worker *w)
 static void worker_drain_deadline(evutil_socket_t fd, short what, void *arg)
 {
 	struct worker *w = arg;
-	struct session *s, *next;
+	struct session *s;
 
 	if (w->nsessions)
 		log_info("worker %d: closing %lu connections still open after %ld ms", w->index,
 			 w->nsessions, worker_settings.drain_timeout_ms);
-	for (s = w->sessions; s; s = next) {
-		next = s->next;
+	list_for_each_entry_safe (s, &w->sessions, link)
 		session_close(s, 320, "CONNECTION_FORCED - proxy shutting down");
-	}
 	worker_check_drained(w);
 }
 
@@ -80,16 +78,14 @@ static void worker_notify_cb(evutil_socket_t fd, short what, void *arg)
 	pthread_mutex_unlock(&w->lock);
 
 	if (rules) {
-		struct session *s, *next;
+		struct session *s;
 
 		rules_unref(w->rules);
 		w->rules = rules;
 		/* The next one is taken first: a session may end (and leave
 		 * the list) in its own event. */
-		for (s = w->sessions; s; s = next) {
-			next = s->next;
+		list_for_each_entry_safe (s, &w->sessions, link)
 			session_rules_changed(s);
-		}
 	}
 	for (i = 0; i < n; i++)
 		session_new(w, q[i].fd, (struct sockaddr *)&q[i].sa, q[i].salen, q[i].tls);
@@ -150,6 +146,7 @@ int worker_init(struct worker *w, int index)
 {
 	memset(w, 0, sizeof(*w));
 	w->index = index;
+	list_init(&w->sessions);
 	pthread_mutex_init(&w->lock, NULL);
 	init_amqp_pool(&w->pool, 16384);
 	w->base = event_base_new();
@@ -231,22 +228,13 @@ void worker_fini(struct worker *w)
 
 void worker_session_add(struct worker *w, struct session *s)
 {
-	s->next = w->sessions;
-	s->prev = NULL;
-	if (w->sessions)
-		w->sessions->prev = s;
-	w->sessions = s;
+	list_add(&s->link, &w->sessions);
 	w->nsessions++;
 }
 
 void worker_session_remove(struct worker *w, struct session *s)
 {
-	if (s->prev)
-		s->prev->next = s->next;
-	else
-		w->sessions = s->next;
-	if (s->next)
-		s->next->prev = s->prev;
+	list_del(&s->link);
 	w->nsessions--;
 	worker_check_drained(w);
 }

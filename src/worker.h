@@ -2,6 +2,7 @@
 #ifndef ACEMQ_WORKER_H
 #define ACEMQ_WORKER_H
 
+#include "list.h"
 #include "stats.h"
 
 #include <amqp.h>
@@ -59,7 +60,7 @@ struct worker {
 	int drain_request; /* under lock */
 	int draining;
 	struct event *drain_timer;
-	struct session *sessions;
+	struct list sessions; /* its sessions (struct session.link), newest first */
 	unsigned long nsessions;
 	struct stats stats;
 	amqp_pool_t pool;                        /* scratch for decoding one frame at a time */

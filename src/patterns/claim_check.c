@@ -5,6 +5,7 @@
 #include "claim_check.h"
 
 #include "../channel.h"
+#include "../list.h"
 #include "../log.h"
 #include "../pipeline.h"
 #include "../rules.h"
@@ -38,7 +39,7 @@ struct claim_check_up {
 	unsigned held : 1;    /* the client leg is held for the backlog */
 	unsigned gone : 1;    /* its channel closed meanwhile */
 	int rc;               /* the store's answer */
-	struct claim_check_up *next;
+	struct list link;     /* in the hook's ups */
 };
 
 /* A delivery whose payload is read back from the store. */
@@ -48,10 +49,10 @@ struct claim_check_rd {
 	uint16_t channel;
 	struct claims_read *r;
 	char key[CLAIMS_KEY_LEN + 1];
-	int started;   /* method and header went out */
-	int want_next; /* waiting for the client's output to drain */
-	int gone;      /* its channel closed meanwhile */
-	struct claim_check_rd *next;
+	int started;      /* method and header went out */
+	int want_next;    /* waiting for the client's output to drain */
+	int gone;         /* its channel closed meanwhile */
+	struct list link; /* in the hook's rds */
 };
 
 struct claim_check {
@@ -59,8 +60,8 @@ struct claim_check {
 	struct claims_where where;
 	long threshold;
 	enum rules_on_missing on_missing;
-	struct claim_check_up *ups;
-	struct claim_check_rd *rds;
+	struct list ups; /* newest first */
+	struct list rds; /* newest first */
 };
 
 enum claim_check_form claim_check_form(const uint8_t *body, size_t len)
@@ -100,6 +101,8 @@ static void *claim_check_attach(struct pipeline *p)
 	if (rule == NULL || (cc = calloc(1, sizeof(*cc))) == NULL)
 		return NULL;
 	cc->p = p;
+	list_init(&cc->ups);
+	list_init(&cc->rds);
 	claims_where(&cc->where, p->vhost, rule);
 	cc->threshold = rule->threshold;
 	cc->on_missing = rule->on_missing;
@@ -108,13 +111,7 @@ static void *claim_check_attach(struct pipeline *p)
 
 static void claim_check_up_free(struct claim_check_up *up)
 {
-	struct claim_check_up **p;
-
-	for (p = &up->cc->ups; *p; p = &(*p)->next)
-		if (*p == up) {
-			*p = up->next;
-			break;
-		}
+	list_del(&up->link);
 	if (up->waiting)
 		pipe_msg_free(up->m);
 	free(up);
@@ -122,13 +119,7 @@ static void claim_check_up_free(struct claim_check_up *up)
 
 static void claim_check_rd_free(struct claim_check_rd *rd)
 {
-	struct claim_check_rd **p;
-
-	for (p = &rd->cc->rds; *p; p = &(*p)->next)
-		if (*p == rd) {
-			*p = rd->next;
-			break;
-		}
+	list_del(&rd->link);
 	if (rd->m)
 		pipe_msg_free(rd->m);
 	free(rd);
@@ -137,14 +128,16 @@ static void claim_check_rd_free(struct claim_check_rd *rd)
 static void claim_check_detach(void *state)
 {
 	struct claim_check *cc = state;
+	struct claim_check_up *up;
+	struct claim_check_rd *rd;
 
-	while (cc->ups) {
-		claims_upload_abandon(cc->ups->u);
-		claim_check_up_free(cc->ups);
+	while ((up = list_first_entry(&cc->ups, struct claim_check_up, link)) != NULL) {
+		claims_upload_abandon(up->u);
+		claim_check_up_free(up);
 	}
-	while (cc->rds) {
-		claims_read_abandon(cc->rds->r);
-		claim_check_rd_free(cc->rds);
+	while ((rd = list_first_entry(&cc->rds, struct claim_check_rd, link)) != NULL) {
+		claims_read_abandon(rd->r);
+		claim_check_rd_free(rd);
 	}
 	free(cc);
 }
@@ -153,7 +146,7 @@ static struct claim_check_up *claim_check_up_of(struct claim_check *cc, struct p
 {
 	struct claim_check_up *up;
 
-	for (up = cc->ups; up; up = up->next)
+	list_for_each_entry (up, &cc->ups, link)
 		if (up->m == m)
 			return up;
 	return NULL;
@@ -288,8 +281,7 @@ static int claim_check_stream_begin(void *state, struct pipeline *p, struct chan
 	up->u = claims_upload_begin(&cc->where, p->w, claim_check_up_progress,
 				    claim_check_up_done, up);
 	/* Without an upload the publish is refused at the end. */
-	up->next = cc->ups;
-	cc->ups = up;
+	list_add(&up->link, &cc->ups);
 	return 1;
 }
 
@@ -535,7 +527,7 @@ static void claim_check_drained(void *state, struct pipeline *p)
 	struct claim_check *cc = state;
 	struct claim_check_rd *rd;
 
-	for (rd = cc->rds; rd; rd = rd->next)
+	list_for_each_entry (rd, &cc->rds, link)
 		if (rd->want_next &&
 		    pipeline_client_backlog(p) < (size_t)worker_settings.buffer_limit) {
 			rd->want_next = 0;
@@ -576,8 +568,7 @@ static enum pipe_verdict claim_check_delivery(struct claim_check *cc, struct pip
 	rd->channel = ch->id;
 	memcpy(rd->key, body + 3, CLAIMS_KEY_LEN);
 	rd->key[CLAIMS_KEY_LEN] = 0;
-	rd->next = cc->rds;
-	cc->rds = rd;
+	list_add(&rd->link, &cc->rds);
 	rd->r = claims_read_open(&cc->where, p->w, rd->key, claim_check_read_opened,
 				 claim_check_read_chunk, rd);
 	if (rd->r == NULL) {
@@ -599,11 +590,10 @@ static enum pipe_verdict claim_check_message(void *state, struct pipeline *p,
 static void claim_check_channel_closed(void *state, struct pipeline *p, struct channel *ch)
 {
 	struct claim_check *cc = state;
-	struct claim_check_up *up, *next;
+	struct claim_check_up *up;
 	struct claim_check_rd *rd;
 
-	for (up = cc->ups; up; up = next) {
-		next = up->next;
+	list_for_each_entry_safe (up, &cc->ups, link) {
 		if (up->channel != ch->id)
 			continue;
 		if (up->waiting) {
@@ -616,7 +606,7 @@ static void claim_check_channel_closed(void *state, struct pipeline *p, struct c
 			pipeline_wake(p, DIR_TO_BROKER);
 		claim_check_up_free(up);
 	}
-	for (rd = cc->rds; rd; rd = rd->next)
+	list_for_each_entry (rd, &cc->rds, link)
 		if (rd->channel == ch->id)
 			rd->gone = 1;
 }

@@ -227,7 +227,7 @@ static struct session *fuzz_session(void)
 {
 	struct session *s;
 
-	for (s = fz.w.sessions; s; s = s->next)
+	list_for_each_entry (s, &fz.w.sessions, link)
 		if (s->id == fz.sid)
 			return s->state == SESSION_GONE ? NULL : s;
 	return NULL;
@@ -746,7 +746,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		close(sv[1]);
 		return 0;
 	}
-	fz.sid = fz.w.sessions->id;
+	fz.sid = list_first_entry(&fz.w.sessions, struct session, link)->id;
 	fuzz_run();
 	while (at < size)
 		fuzz_op(data, size, &at);
