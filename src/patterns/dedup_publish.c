@@ -15,6 +15,8 @@
 #include "../../amqp/method.h"
 #include "../../amqp/table.h"
 #include "../channel.h"
+#include "../hash.h"
+#include "../link.h"
 #include "../log.h"
 #include "../pipeline.h"
 #include "../rules.h"
@@ -71,26 +73,24 @@ struct dedup_publish_entry {
 	size_t elen, vlen;
 	char exchange[256];
 	char *value;
-	struct dedup_publish_entry *prev, *next; /* its list, in publish order */
-	struct dedup_publish_entry *hnext;       /* CONFIRMING: by channel and sequence */
+	struct list node;  /* in its list, in publish order */
+	struct list hnode; /* CONFIRMING: in the table by channel and sequence */
 };
 
-/* A store operation; outlives its entry when nobody waits for it (e NULL). */
+/* A store operation; outlives its entry when nobody waits for it (the
+ * link cut: see link.h). */
 struct dedup_publish_op {
 	struct idem_req req; /* first: its worker_call is the completion */
-	struct dedup_publish_entry *e;
-};
-
-struct dedup_publish_list {
-	struct dedup_publish_entry *head, *tail;
+	struct link to;      /* its entry */
 };
 
 struct dedup_publish {
 	struct pipeline *p;
-	uint64_t seq;                         /* publishes checked: their owners */
-	struct dedup_publish_list checks;     /* not forwarded yet, and looked ahead at */
-	struct dedup_publish_list confirming; /* forwarded, awaiting the broker */
-	struct dedup_publish_entry *buckets[DEDUP_PUBLISH_BUCKETS];
+	uint64_t seq;           /* publishes checked: their owners */
+	struct list checks;     /* not forwarded yet, and looked ahead at */
+	struct list confirming; /* forwarded, awaiting the broker */
+	struct hash confirms;   /* the confirming ones by channel and sequence */
+	struct list buckets[DEDUP_PUBLISH_BUCKETS];
 	int nmandatory;   /* confirming mandatory ones a basic.return may be for */
 	int nwaiting;     /* WAITING ones (the client's frames wait: one at most) */
 	amqp_pool_t pool; /* look-ahead decoding */
@@ -150,44 +150,12 @@ static int dedup_publish_applies(const struct rules_dedup_publish *r,
 
 /* ---- entries ------------------------------------------------------------ */
 
-static void dedup_publish_push(struct dedup_publish_list *l, struct dedup_publish_entry *e)
-{
-	e->next = NULL;
-	e->prev = l->tail;
-	if (l->tail)
-		l->tail->next = e;
-	else
-		l->head = e;
-	l->tail = e;
-}
-
-static void dedup_publish_unlink(struct dedup_publish_list *l, struct dedup_publish_entry *e)
-{
-	if (e->prev)
-		e->prev->next = e->next;
-	else
-		l->head = e->next;
-	if (e->next)
-		e->next->prev = e->prev;
-	else
-		l->tail = e->prev;
-	e->prev = e->next = NULL;
-}
-
-static struct dedup_publish_entry **dedup_publish_slot(struct dedup_publish *st, uint16_t ch,
-						       uint64_t seq)
-{
-	uint64_t h = (seq * 0x9E3779B97F4A7C15ull) ^ ch;
-
-	return &st->buckets[(h >> 24) % DEDUP_PUBLISH_BUCKETS];
-}
-
 static struct dedup_publish_entry *dedup_publish_find(struct dedup_publish *st, uint16_t ch,
 						      uint64_t seq)
 {
 	struct dedup_publish_entry *e;
 
-	for (e = *dedup_publish_slot(st, ch, seq); e; e = e->hnext)
+	hash_for_each_key (e, &st->confirms, hash_mix(seq, ch), hnode)
 		if (e->channel == ch && e->broker_seq == seq)
 			return e;
 	return NULL;
@@ -196,25 +164,17 @@ static struct dedup_publish_entry *dedup_publish_find(struct dedup_publish *st, 
 static void dedup_publish_free(struct dedup_publish_entry *e)
 {
 	struct dedup_publish *st = e->st;
-	struct dedup_publish_entry **p;
 
+	list_del(&e->node);
 	if (e->phase == PHASE_CONFIRMING) {
-		dedup_publish_unlink(&st->confirming, e);
-		for (p = dedup_publish_slot(st, e->channel, e->broker_seq); *p;
-		     p = &(*p)->hnext)
-			if (*p == e) {
-				*p = e->hnext;
-				break;
-			}
+		hash_del(&e->hnode);
 		if (e->mandatory && !e->returned && st->nmandatory > 0)
 			st->nmandatory--;
-	} else {
-		dedup_publish_unlink(&st->checks, e);
-		if (e->phase == PHASE_WAITING)
-			st->nwaiting--;
+	} else if (e->phase == PHASE_WAITING) {
+		st->nwaiting--;
 	}
 	if (e->op)
-		e->op->e = NULL; /* it completes on its own */
+		link_cut(&e->op->to); /* it completes on its own */
 	if (e->timer)
 		event_free(e->timer);
 	if (e->m && e->phase != PHASE_PASSED)
@@ -255,7 +215,7 @@ static struct dedup_publish_op *dedup_publish_submit(struct dedup_publish_entry 
 	}
 	op->req.w.call.fn = dedup_publish_done;
 	op->req.w.w = p->w;
-	op->e = e;
+	link_set(&op->to, e);
 	state_submit(dedup_publish_state, &op->req.w);
 	return op;
 }
@@ -268,7 +228,7 @@ static void dedup_publish_let_go(struct dedup_publish_entry *e, enum idem_op wha
 	struct dedup_publish_op *op = dedup_publish_submit(e, what);
 
 	if (op)
-		op->e = NULL;
+		link_cut(&op->to);
 	else
 		stats->dedup_store_errors++;
 	if (what == IDEM_FORGET)
@@ -283,11 +243,10 @@ static void dedup_publish_recheck(struct dedup_publish_entry *x);
  * waiting for it, one looked ahead at, one whose check is still out. */
 static void dedup_publish_kick(struct dedup_publish *st, const struct dedup_publish_entry *e)
 {
-	struct dedup_publish_entry *x, *next;
+	struct dedup_publish_entry *x;
 	struct timeval now = {0, 0};
 
-	for (x = st->checks.head; x; x = next) {
-		next = x->next;
+	list_for_each_entry_safe (x, &st->checks, node) {
 		if (x == e || !dedup_publish_same(x, e))
 			continue;
 		if (x->phase == PHASE_WAITING && x->timer) {
@@ -415,7 +374,7 @@ static void dedup_publish_again(evutil_socket_t fd, short what, void *arg)
 static void dedup_publish_done_in(struct pipeline *p, void *arg)
 {
 	struct dedup_publish_op *op = arg;
-	struct dedup_publish_entry *e = op->e;
+	struct dedup_publish_entry *e = link_owner(&op->to);
 
 	e->op = NULL;
 	e->answered = 1;
@@ -451,14 +410,15 @@ static void dedup_publish_recheck(struct dedup_publish_entry *x)
 static void dedup_publish_done(struct worker_call *c)
 {
 	struct dedup_publish_op *op = (struct dedup_publish_op *)c;
+	struct dedup_publish_entry *e = link_owner(&op->to);
 
 	if (op->req.w.rc != STATE_OK)
 		op->req.w.w->stats.dedup_store_errors++;
-	if (op->e && !pipeline_call(op->e->st->p, dedup_publish_done_in, op)) {
+	if (e && !pipeline_call(e->st->p, dedup_publish_done_in, op)) {
 		/* The session is closing: what it reserved is given up when it
 		 * goes. */
-		op->e->op = NULL;
-		op->e->reserved = op->req.w.rc == STATE_OK && op->req.answer == IDEM_CLAIMED;
+		e->op = NULL;
+		e->reserved = op->req.w.rc == STATE_OK && op->req.answer == IDEM_CLAIMED;
 	}
 	free(op);
 }
@@ -482,7 +442,7 @@ static struct dedup_publish_entry *dedup_publish_check(struct dedup_publish *st,
 	}
 	e->st = st;
 	e->channel = ch;
-	e->owner[0] = dedup_publish_instance ^ (++st->seq * 0x9E3779B97F4A7C15ull);
+	e->owner[0] = dedup_publish_instance ^ hash_spread(++st->seq);
 	e->owner[1] = (st->p->id << 16) | ch;
 	e->poll_ms = DEDUP_PUBLISH_POLL_MIN_MS;
 	e->window_s = window_s;
@@ -492,7 +452,8 @@ static struct dedup_publish_entry *dedup_publish_check(struct dedup_publish *st,
 	e->vlen = vlen;
 	memcpy(e->value, v, vlen);
 	e->phase = PHASE_CHECKING;
-	dedup_publish_push(&st->checks, e);
+	list_init(&e->hnode);
+	list_add_tail(&e->node, &st->checks);
 	e->op = dedup_publish_submit(e, IDEM_CLAIM);
 	if (e->op == NULL) {
 		dedup_publish_free(e);
@@ -507,7 +468,7 @@ static void dedup_publish_discard(struct dedup_publish_entry *e)
 {
 	if (e->op) {
 		/* Its claim is still out: the forget goes after it. */
-		e->op->e = NULL;
+		link_cut(&e->op->to);
 		e->op = NULL;
 		dedup_publish_let_go(e, IDEM_FORGET);
 	} else if (e->reserved) {
@@ -523,21 +484,22 @@ static struct dedup_publish_entry *dedup_publish_take(struct dedup_publish *st, 
 						      const amqp_bytes_t *exchange,
 						      const void *v, size_t vlen)
 {
-	struct dedup_publish_entry *e, *next;
+	struct dedup_publish_entry *e, *x, *found = NULL;
 
-	for (e = st->checks.head; e; e = e->next)
+	list_for_each_entry (e, &st->checks, node)
 		if (e->ahead && e->channel == ch && e->elen == exchange->len &&
 		    e->vlen == vlen && memcmp(e->exchange, exchange->bytes, e->elen) == 0 &&
-		    memcmp(e->value, v, vlen) == 0 && !e->gone)
+		    memcmp(e->value, v, vlen) == 0 && !e->gone) {
+			found = e;
 			break;
-	for (next = st->checks.head; next && next != e;) {
-		struct dedup_publish_entry *x = next;
-
-		next = x->next;
+		}
+	list_for_each_entry_safe (x, &st->checks, node) {
+		if (x == found)
+			break;
 		if (x->ahead)
 			dedup_publish_discard(x);
 	}
-	return e;
+	return found;
 }
 
 /* Look-ahead: the publishes the client sent behind the one that waits,
@@ -610,6 +572,9 @@ static void *dedup_publish_attach(struct pipeline *p)
 	if (dedup_publish_rule(p) == NULL || (st = calloc(1, sizeof(*st))) == NULL)
 		return NULL;
 	st->p = p;
+	list_init(&st->checks);
+	list_init(&st->confirming);
+	hash_init(&st->confirms, st->buckets, DEDUP_PUBLISH_BUCKETS);
 	init_amqp_pool(&st->pool, 4096);
 	return st;
 }
@@ -621,9 +586,10 @@ static void dedup_publish_detach(void *state)
 	struct dedup_publish *st = state;
 	struct dedup_publish_entry *e;
 
-	while ((e = st->checks.head) != NULL)
+	while ((e = list_first_entry(&st->checks, struct dedup_publish_entry, node)) != NULL)
 		dedup_publish_discard(e);
-	while ((e = st->confirming.head) != NULL) {
+	while ((e = list_first_entry(&st->confirming, struct dedup_publish_entry, node)) !=
+	       NULL) {
 		dedup_publish_let_go(e, IDEM_FORGET);
 		dedup_publish_free(e);
 	}
@@ -653,7 +619,7 @@ static void dedup_publish_returned(struct dedup_publish *st, struct channel *ch,
 {
 	struct dedup_publish_entry *e;
 
-	for (e = st->confirming.head; e; e = e->next)
+	list_for_each_entry (e, &st->confirming, node)
 		if (e->channel == ch->id && e->mandatory && !e->returned &&
 		    e->elen == r->exchange.len && e->vlen == vlen &&
 		    memcmp(e->exchange, r->exchange.bytes, e->elen) == 0 &&
@@ -749,12 +715,14 @@ static void dedup_publish_published(void *state, struct pipeline *p, struct chan
 				    struct pipe_msg *m, int forwarded, uint64_t broker_seq)
 {
 	struct dedup_publish *st = state;
-	struct dedup_publish_entry *e, *old, **slot;
+	struct dedup_publish_entry *e, *old, *found = NULL;
 
-	for (e = st->checks.head; e; e = e->next)
-		if (e->phase == PHASE_PASSED && e->m == m)
+	list_for_each_entry (e, &st->checks, node)
+		if (e->phase == PHASE_PASSED && e->m == m) {
+			found = e;
 			break;
-	if (e == NULL)
+		}
+	if ((e = found) == NULL)
 		return;
 	e->m = NULL;
 	if (!forwarded || broker_seq == 0) {
@@ -773,13 +741,11 @@ static void dedup_publish_published(void *state, struct pipeline *p, struct chan
 		dedup_publish_let_go(old, IDEM_FORGET);
 		dedup_publish_free(old);
 	}
-	dedup_publish_unlink(&st->checks, e);
+	list_del(&e->node);
 	e->phase = PHASE_CONFIRMING;
 	e->broker_seq = broker_seq;
-	dedup_publish_push(&st->confirming, e);
-	slot = dedup_publish_slot(st, e->channel, broker_seq);
-	e->hnext = *slot;
-	*slot = e;
+	list_add_tail(&e->node, &st->confirming);
+	hash_add(&st->confirms, hash_mix(broker_seq, e->channel), &e->hnode);
 	if (e->mandatory)
 		st->nmandatory++;
 }
@@ -802,11 +768,10 @@ static void dedup_publish_settled(void *state, struct pipeline *p, struct channe
 static void dedup_publish_channel_closed(void *state, struct pipeline *p, struct channel *ch)
 {
 	struct dedup_publish *st = state;
-	struct dedup_publish_entry *e, *next;
+	struct dedup_publish_entry *e;
 	struct timeval now = {0, 0};
 
-	for (e = st->checks.head; e; e = next) {
-		next = e->next;
+	list_for_each_entry_safe (e, &st->checks, node) {
 		if (e->channel != ch->id || e->phase == PHASE_PASSED)
 			continue; /* a passed one is reported by the pipeline */
 		if (e->ahead) {
@@ -820,8 +785,7 @@ static void dedup_publish_channel_closed(void *state, struct pipeline *p, struct
 		}
 	}
 	/* Confirms will not come: the outcome is not known. */
-	for (e = st->confirming.head; e; e = next) {
-		next = e->next;
+	list_for_each_entry_safe (e, &st->confirming, node) {
 		if (e->channel != ch->id)
 			continue;
 		dedup_publish_let_go(e, IDEM_FORGET);

@@ -12,6 +12,8 @@
 #include "../../amqp/table.h"
 #include "../channel.h"
 #include "../engine.h"
+#include "../hash.h"
+#include "../link.h"
 #include "../log.h"
 #include "../pipeline.h"
 #include "../rules.h"
@@ -61,19 +63,21 @@ struct idempotency_entry {
 	char *key;
 	size_t klen;
 	long lease_s, retention_s, delay_s;
-	struct idempotency_entry *next;
+	struct list hnode; /* in the hook's entries */
 };
 
-/* A store operation; outlives its entry when the session goes (e NULL). */
+/* A store operation; outlives its entry when the session goes (the link
+ * cut: see link.h). */
 struct idempotency_op {
 	struct idem_req req; /* first: its worker_call is the completion */
-	struct idempotency_entry *e;
+	struct link to;      /* its entry */
 };
 
 struct idempotency {
 	struct pipeline *p;
 	uint64_t owner0;
-	struct idempotency_entry *buckets[IDEMPOTENCY_BUCKETS];
+	struct hash entries; /* by channel and broker tag */
+	struct list buckets[IDEMPOTENCY_BUCKETS];
 	struct {
 		char *queue;
 		struct vstats *vs;
@@ -108,41 +112,22 @@ static const struct rules_idempotency *idempotency_rule(struct pipeline *p, cons
 	return NULL;
 }
 
-static struct idempotency_entry **idempotency_slot(struct idempotency *st, uint16_t ch,
-						   uint64_t tag)
-{
-	uint64_t h = (tag * 0x9E3779B97F4A7C15ull) ^ ch;
-
-	return &st->buckets[(h >> 24) % IDEMPOTENCY_BUCKETS];
-}
-
 static struct idempotency_entry *idempotency_find(struct idempotency *st, uint16_t ch,
 						  uint64_t tag)
 {
 	struct idempotency_entry *e;
 
-	for (e = *idempotency_slot(st, ch, tag); e; e = e->next)
+	hash_for_each_key (e, &st->entries, hash_mix(tag, ch), hnode)
 		if (e->channel == ch && e->broker_tag == tag)
 			return e;
 	return NULL;
 }
 
-static void idempotency_unlink(struct idempotency_entry *e)
-{
-	struct idempotency_entry **p;
-
-	for (p = idempotency_slot(e->st, e->channel, e->broker_tag); *p; p = &(*p)->next)
-		if (*p == e) {
-			*p = e->next;
-			return;
-		}
-}
-
 static void idempotency_entry_free(struct idempotency_entry *e)
 {
-	idempotency_unlink(e);
+	hash_del(&e->hnode);
 	if (e->op)
-		e->op->e = NULL; /* it completes on its own */
+		link_cut(&e->op->to); /* it completes on its own */
 	if (e->put)
 		e->put->owner = NULL;
 	if (e->counted && !e->settled && e->st->gate_pending > 0)
@@ -167,7 +152,7 @@ static struct idempotency_op *idempotency_submit(struct idempotency *st,
 {
 	struct idempotency_op *op = calloc(1, sizeof(*op));
 	/* One owner per delivery: a forget gives up exactly its own claim. */
-	uint64_t owner[2] = {idempotency_instance ^ (e->broker_tag * 0x9E3779B97F4A7C15ull),
+	uint64_t owner[2] = {idempotency_instance ^ hash_spread(e->broker_tag),
 			     (st->p->id << 16) | e->channel};
 	uint64_t span = what == IDEM_CLAIM     ? (uint64_t)e->lease_s * 1000
 			: what == IDEM_CONFIRM ? (uint64_t)e->retention_s * 1000
@@ -181,7 +166,7 @@ static struct idempotency_op *idempotency_submit(struct idempotency *st,
 	}
 	op->req.w.call.fn = idempotency_done;
 	op->req.w.w = st->p->w;
-	op->e = e;
+	link_set(&op->to, e);
 	state_submit(idempotency_state, &op->req.w);
 	return op;
 }
@@ -194,12 +179,12 @@ static void idempotency_let_go(struct idempotency_entry *e, enum idem_op what)
 
 	if (e->op) {
 		/* Its claim is still out: this goes after it, in the same queue. */
-		e->op->e = NULL;
+		link_cut(&e->op->to);
 		e->op = NULL;
 	}
 	op = idempotency_submit(e->st, e, what);
 	if (op)
-		op->e = NULL;
+		link_cut(&op->to);
 }
 
 /* ---- deciding a delivery ---------------------------------------------------- */
@@ -349,7 +334,7 @@ static void idempotency_put_back(evutil_socket_t fd, short what, void *arg)
 static void idempotency_done_in(struct pipeline *p, void *arg)
 {
 	struct idempotency_op *op = arg;
-	struct idempotency_entry *e = op->e;
+	struct idempotency_entry *e = link_owner(&op->to);
 	struct idempotency *st = e->st;
 	struct channel *ch;
 	struct pipe_msg *m;
@@ -389,13 +374,10 @@ static void idempotency_done_in(struct pipeline *p, void *arg)
 static void idempotency_done(struct worker_call *c)
 {
 	struct idempotency_op *op = (struct idempotency_op *)c;
+	struct idempotency_entry *e = link_owner(&op->to);
 
-	if (op->e == NULL || !pipeline_call(op->e->st->p, idempotency_done_in, op)) {
-		if (op->e)
-			op->e->op = NULL;
-		free(op);
-		return;
-	}
+	if (e && !pipeline_call(e->st->p, idempotency_done_in, op))
+		e->op = NULL;
 	free(op);
 }
 
@@ -475,7 +457,7 @@ static struct idempotency_entry *idempotency_entry_new(struct idempotency *st, u
 						       const struct rules_idempotency *r,
 						       char *key, size_t klen)
 {
-	struct idempotency_entry *e = calloc(1, sizeof(*e)), **slot;
+	struct idempotency_entry *e = calloc(1, sizeof(*e));
 
 	if (e == NULL || (e->queue = strdup(queue)) == NULL) {
 		free(e);
@@ -491,9 +473,7 @@ static struct idempotency_entry *idempotency_entry_new(struct idempotency *st, u
 	e->retention_s = r->retention_s;
 	e->delay_s = r->in_progress_delay_s;
 	e->vs = idempotency_vstats(st, queue);
-	slot = idempotency_slot(st, ch, tag);
-	e->next = *slot;
-	*slot = e;
+	hash_add(&st->entries, hash_mix(tag, ch), &e->hnode);
 	return e;
 }
 
@@ -642,6 +622,7 @@ static void *idempotency_attach(struct pipeline *p)
 	if (v == NULL || v->nidempotency == 0 || (st = calloc(1, sizeof(*st))) == NULL)
 		return NULL;
 	st->p = p;
+	hash_init(&st->entries, st->buckets, IDEMPOTENCY_BUCKETS);
 	init_amqp_pool(&st->pool, 4096);
 	return st;
 }
@@ -649,19 +630,18 @@ static void *idempotency_attach(struct pipeline *p)
 static void idempotency_detach(void *state)
 {
 	struct idempotency *st = state;
-	struct idempotency_entry *e, *next;
+	struct idempotency_entry *e;
+	size_t b;
 	int i;
 
 	/* The session is gone: what it claimed and did not settle is given up,
 	 * so another consumer runs it without waiting for the lease. */
-	for (i = 0; i < IDEMPOTENCY_BUCKETS; i++)
-		for (e = st->buckets[i]; e; e = next) {
-			next = e->next;
-			if (e->phase != PHASE_HELD && !(e->settling && e->settled) &&
-			    (e->answer == IDEM_CLAIMED || e->phase == PHASE_CLAIMING))
-				idempotency_let_go(e, IDEM_FORGET);
-			idempotency_entry_free(e);
-		}
+	hash_for_each_safe (b, e, &st->entries, hnode) {
+		if (e->phase != PHASE_HELD && !(e->settling && e->settled) &&
+		    (e->answer == IDEM_CLAIMED || e->phase == PHASE_CLAIMING))
+			idempotency_let_go(e, IDEM_FORGET);
+		idempotency_entry_free(e);
+	}
 	for (i = 0; i < IDEMPOTENCY_VSTATS; i++)
 		free(st->vs[i].queue);
 	empty_amqp_pool(&st->pool);
@@ -795,25 +775,23 @@ static void idempotency_settle(void *state, struct pipeline *p, struct channel *
 static void idempotency_channel_gone(void *state, struct pipeline *p, struct channel *ch)
 {
 	struct idempotency *st = state;
-	struct idempotency_entry *e, *next;
-	int i;
+	struct idempotency_entry *e;
+	size_t b;
 
-	for (i = 0; i < IDEMPOTENCY_BUCKETS; i++)
-		for (e = st->buckets[i]; e; e = next) {
-			next = e->next;
-			if (e->channel != ch->id)
-				continue;
-			if (e->m && e->phase != PHASE_HELD) {
-				/* Still waiting for its answer: decided then. */
-				continue;
-			}
-			if (e->phase != PHASE_HELD && !e->settling &&
-			    (e->answer == IDEM_CLAIMED || e->phase == PHASE_CLAIMING))
-				idempotency_let_go(e, IDEM_FORGET);
-			if (e->counted && !e->settled)
-				continue; /* the gate waits for it */
-			idempotency_entry_free(e);
+	hash_for_each_safe (b, e, &st->entries, hnode) {
+		if (e->channel != ch->id)
+			continue;
+		if (e->m && e->phase != PHASE_HELD) {
+			/* Still waiting for its answer: decided then. */
+			continue;
 		}
+		if (e->phase != PHASE_HELD && !e->settling &&
+		    (e->answer == IDEM_CLAIMED || e->phase == PHASE_CLAIMING))
+			idempotency_let_go(e, IDEM_FORGET);
+		if (e->counted && !e->settled)
+			continue; /* the gate waits for it */
+		idempotency_entry_free(e);
+	}
 }
 
 static const struct pipe_hook idempotency_hook = {
