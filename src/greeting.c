@@ -4,6 +4,8 @@
 
 #include "../amqp/content.h"
 #include "../amqp/method.h"
+#include "upstream.h"
+#include "worker.h"
 
 #include <event2/buffer.h>
 #include <pthread.h>
@@ -14,43 +16,248 @@
 #include "build_config.h"
 
 #define GREETING_PROPS_MAX 16384 /* larger properties are not learned */
+#define GREETING_WAIT      (-2)  /* greeting_pick: ask again later */
 
-/* The server properties last announced by a broker, encoded. */
+enum greeting_node_state {
+	GREETING_NODE_UNASKED,
+	GREETING_NODE_ASKING, /* the first probe is out: clients wait for it */
+	GREETING_NODE_SILENT, /* a probe failed: clients no longer wait */
+	GREETING_NODE_KNOWN,
+};
+
+/* A client waiting for its connection.start (greeting_await). Freed by
+ * the call that resumes it on its worker once posted (posted, under the
+ * lock), else by whoever takes it off the list. */
+struct greeting_waiter {
+	struct worker_call call; /* first */
+	struct worker *w;
+	struct greeting *g; /* NULL once the greeting was freed */
+	void (*resume)(void *owner);
+	void *owner;
+	int posted;
+	struct greeting_waiter *next;
+};
+
+/* What each broker address announced, encoded, and who waits for it. */
 static struct {
 	pthread_mutex_t lock;
-	uint8_t bytes[GREETING_PROPS_MAX];
-	size_t len;
-} greeting_learned = {PTHREAD_MUTEX_INITIALIZER, {0}, 0};
+	struct {
+		uint8_t *bytes;
+		size_t len;
+		enum greeting_node_state state;
+	} node[UPSTREAM_MAX];
+	unsigned in_force;
+	struct greeting_waiter *waiting;
+} greeting_nodes = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
-void greeting_learn(const amqp_table_t *server_properties)
+/* The node whose properties a new client is shown, GREETING_WAIT while the
+ * first answers are awaited, or -1 (the proxy's own). Under the lock. */
+static int greeting_pick(void)
+{
+	unsigned tried = 0;
+	int i, asking = 0;
+
+	/* The global list, nodes marked down last, as clients are sent. */
+	while ((i = upstream_pick(NULL, tried)) >= 0) {
+		tried |= 1u << i;
+		if (greeting_nodes.node[i].state == GREETING_NODE_KNOWN)
+			return i;
+		asking |= greeting_nodes.node[i].state == GREETING_NODE_ASKING;
+	}
+	if (asking)
+		return GREETING_WAIT;
+	for (i = 0; i < UPSTREAM_MAX; i++)
+		if ((greeting_nodes.in_force & (1u << i)) &&
+		    greeting_nodes.node[i].state == GREETING_NODE_KNOWN)
+			return i;
+	for (i = 0; i < UPSTREAM_MAX; i++)
+		if ((greeting_nodes.in_force & (1u << i)) &&
+		    greeting_nodes.node[i].state == GREETING_NODE_ASKING)
+			return GREETING_WAIT;
+	return -1;
+}
+
+/* On the waiter's worker, which also frees its greeting: no lock. */
+static void greeting_resume(struct worker_call *c)
+{
+	struct greeting_waiter *wt = (struct greeting_waiter *)c;
+
+	if (wt->g) {
+		wt->g->waiter = NULL;
+		wt->resume(wt->owner);
+	}
+	free(wt);
+}
+
+/* Something became known or gave up: the clients waiting go on, when
+ * there is no more to wait for. Under the lock; post what it returns. */
+static struct greeting_waiter *greeting_release(void)
+{
+	struct greeting_waiter *wt = greeting_nodes.waiting, *i;
+
+	if (wt == NULL || greeting_pick() == GREETING_WAIT)
+		return NULL;
+	greeting_nodes.waiting = NULL;
+	for (i = wt; i; i = i->next)
+		i->posted = 1;
+	return wt;
+}
+
+static void greeting_post(struct greeting_waiter *wt)
+{
+	struct greeting_waiter *next;
+
+	for (; wt; wt = next) {
+		next = wt->next;
+		wt->call.fn = greeting_resume;
+		worker_post(wt->w, &wt->call);
+	}
+}
+
+void greeting_learn(int node, const amqp_table_t *server_properties)
 {
 	static _Thread_local uint8_t scratch[GREETING_PROPS_MAX];
 	amqp_bytes_t out = {sizeof(scratch), scratch};
+	struct greeting_waiter *go;
 	size_t len = 0;
+	uint8_t *copy;
 
-	if (amqp_encode_table(out, (amqp_table_t *)server_properties, &len) != 0)
+	if (node < 0 || node >= UPSTREAM_MAX ||
+	    amqp_encode_table(out, (amqp_table_t *)server_properties, &len) != 0)
 		return;
-	pthread_mutex_lock(&greeting_learned.lock);
-	if (len != greeting_learned.len || memcmp(greeting_learned.bytes, scratch, len) != 0) {
-		memcpy(greeting_learned.bytes, scratch, len);
-		greeting_learned.len = len;
+	pthread_mutex_lock(&greeting_nodes.lock);
+	if (len != greeting_nodes.node[node].len ||
+	    memcmp(greeting_nodes.node[node].bytes, scratch, len) != 0) {
+		copy = realloc(greeting_nodes.node[node].bytes, len ? len : 1);
+		if (copy) {
+			memcpy(copy, scratch, len);
+			greeting_nodes.node[node].bytes = copy;
+			greeting_nodes.node[node].len = len;
+			greeting_nodes.node[node].state = GREETING_NODE_KNOWN;
+		}
 	}
-	pthread_mutex_unlock(&greeting_learned.lock);
+	go = greeting_release();
+	pthread_mutex_unlock(&greeting_nodes.lock);
+	greeting_post(go);
 }
 
-/* The learned properties decoded into pool; 0, or -1 when there are none. */
+static void greeting_set_state(int node, enum greeting_node_state state)
+{
+	struct greeting_waiter *go;
+
+	if (node < 0 || node >= UPSTREAM_MAX)
+		return;
+	pthread_mutex_lock(&greeting_nodes.lock);
+	if (greeting_nodes.node[node].state != GREETING_NODE_KNOWN)
+		greeting_nodes.node[node].state = state;
+	go = greeting_release();
+	pthread_mutex_unlock(&greeting_nodes.lock);
+	greeting_post(go);
+}
+
+void greeting_asking(int node)
+{
+	greeting_set_state(node, GREETING_NODE_ASKING);
+}
+
+void greeting_unanswered(int node)
+{
+	greeting_set_state(node, GREETING_NODE_SILENT);
+}
+
+void greeting_use_nodes(unsigned nodes)
+{
+	struct greeting_waiter *go;
+
+	pthread_mutex_lock(&greeting_nodes.lock);
+	greeting_nodes.in_force = nodes;
+	go = greeting_release();
+	pthread_mutex_unlock(&greeting_nodes.lock);
+	greeting_post(go);
+}
+
+int greeting_known(int node)
+{
+	int known;
+
+	if (node < 0 || node >= UPSTREAM_MAX)
+		return 0;
+	pthread_mutex_lock(&greeting_nodes.lock);
+	known = greeting_nodes.node[node].state == GREETING_NODE_KNOWN;
+	pthread_mutex_unlock(&greeting_nodes.lock);
+	return known;
+}
+
+int greeting_await(struct greeting *g, struct worker *w, void (*resume)(void *owner),
+		   void *owner)
+{
+	struct greeting_waiter *wt = NULL;
+
+	pthread_mutex_lock(&greeting_nodes.lock);
+	if (g->waiter == NULL && greeting_pick() == GREETING_WAIT &&
+	    (wt = calloc(1, sizeof(*wt))) != NULL) {
+		wt->w = w;
+		wt->g = g;
+		wt->resume = resume;
+		wt->owner = owner;
+		wt->next = greeting_nodes.waiting;
+		greeting_nodes.waiting = wt;
+		g->waiter = wt;
+	}
+	pthread_mutex_unlock(&greeting_nodes.lock);
+	return wt ? 0 : -1;
+}
+
+/* g is freed: its waiter no longer resumes it. */
+static void greeting_unwait(struct greeting *g)
+{
+	struct greeting_waiter **pp, *wt = g->waiter;
+
+	pthread_mutex_lock(&greeting_nodes.lock);
+	if (wt->posted) {
+		wt->g = NULL; /* its call, on this thread, frees it */
+		wt = NULL;
+	} else {
+		for (pp = &greeting_nodes.waiting; *pp && *pp != wt; pp = &(*pp)->next)
+			;
+		if (*pp)
+			*pp = wt->next;
+	}
+	pthread_mutex_unlock(&greeting_nodes.lock);
+	free(wt);
+	g->waiter = NULL;
+}
+
+void greeting_forget_waiting(void)
+{
+	struct greeting_waiter *wt, *next;
+
+	pthread_mutex_lock(&greeting_nodes.lock);
+	wt = greeting_nodes.waiting;
+	greeting_nodes.waiting = NULL;
+	pthread_mutex_unlock(&greeting_nodes.lock);
+	for (; wt; wt = next) {
+		next = wt->next;
+		wt->g->waiter = NULL;
+		free(wt);
+	}
+}
+
+/* The properties to show decoded into pool; 0, or -1 for the proxy's own. */
 static int greeting_props(amqp_pool_t *pool, amqp_table_t *out)
 {
 	amqp_bytes_t copy = {0, NULL};
 	size_t off = 0;
+	int i;
 
-	pthread_mutex_lock(&greeting_learned.lock);
-	if (greeting_learned.len &&
-	    (copy.bytes = amqp_pool_alloc(pool, greeting_learned.len)) != NULL) {
-		copy.len = greeting_learned.len;
-		memcpy(copy.bytes, greeting_learned.bytes, copy.len);
+	pthread_mutex_lock(&greeting_nodes.lock);
+	i = greeting_pick();
+	if (i >= 0 &&
+	    (copy.bytes = amqp_pool_alloc(pool, greeting_nodes.node[i].len)) != NULL) {
+		copy.len = greeting_nodes.node[i].len;
+		memcpy(copy.bytes, greeting_nodes.node[i].bytes, copy.len);
 	}
-	pthread_mutex_unlock(&greeting_learned.lock);
+	pthread_mutex_unlock(&greeting_nodes.lock);
 	if (copy.bytes == NULL)
 		return -1;
 	return amqp_decode_table(copy, pool, out, &off) == 0 ? 0 : -1;
@@ -71,6 +278,8 @@ void greeting_free(struct greeting *g)
 {
 	if (g == NULL)
 		return;
+	if (g->waiter)
+		greeting_unwait(g);
 	evbuffer_free(g->kept);
 	free(g);
 }
@@ -97,8 +306,9 @@ static amqp_table_entry_t greeting_text(const char *key, const char *value)
 
 int greeting_start(struct greeting *g, struct evbuffer *to_client)
 {
-	/* Before any broker has spoken: what RabbitMQ 3.10 to 4.x announce,
-	 * so clients enable the same features, under the proxy's name. */
+	/* Before any broker has answered: what RabbitMQ 3.10 to 4.x
+	 * announce, so clients enable the same features, under the proxy's
+	 * name. */
 	amqp_table_entry_t caps[] = {
 	    greeting_bool("publisher_confirms"),
 	    greeting_bool("exchange_exchange_bindings"),

@@ -83,6 +83,31 @@ static int handshake_proxy_header(struct session *s, struct evbuffer *in)
 	return 0;
 }
 
+/* The brokers' properties a greeted client waited for are known: its
+ * connection.start goes out, and its frames flow. */
+static void handshake_greet_now(struct pipeline *p, void *arg)
+{
+	struct session *s = p->owner;
+
+	if (s->greeting == NULL || s->greeting->phase != GREETING_WAITING ||
+	    s->client.tr == NULL)
+		return;
+	if (greeting_start(s->greeting, transport_output(s->client.tr)) != 0) {
+		session_end(s);
+		return;
+	}
+	s->started = 1;
+	if (evbuffer_get_length(transport_input(s->client.tr)))
+		session_wake(s, &s->client);
+}
+
+static void handshake_greet_resume(void *owner)
+{
+	struct session *s = owner;
+
+	pipeline_call(&s->pipe, handshake_greet_now, NULL);
+}
+
 /* The client's protocol header. Returns 0 to go on, -1 if s is gone. */
 int handshake_header(struct session *s)
 {
@@ -114,11 +139,13 @@ int handshake_header(struct session *s)
 		 * connection.open: the proxy greets the client itself. */
 		s->greeting = greeting_new();
 		if (s->greeting == NULL ||
-		    greeting_start(s->greeting, transport_output(s->client.tr)) != 0) {
+		    (greeting_await(s->greeting, s->w, handshake_greet_resume, s) != 0 &&
+		     greeting_start(s->greeting, transport_output(s->client.tr)) != 0)) {
 			session_end(s);
 			return -1;
 		}
-		s->started = 1;
+		/* Sent, or sent once the brokers' properties are in. */
+		s->started = s->greeting->phase == GREETING_STARTED;
 		/* Its own handshake: a refusal says why, also before tune-ok. */
 		s->closable = 1;
 		session_set_state(s, SESSION_HANDSHAKE);
@@ -281,7 +308,8 @@ static int handshake_greet_broker(struct session *s, const struct frame_info *fi
 
 	switch (id) {
 	case AMQP_CONNECTION_START_METHOD:
-		greeting_learn(&((amqp_connection_start_t *)m)->server_properties);
+		greeting_learn(s->upstream_at,
+			       &((amqp_connection_start_t *)m)->server_properties);
 		evbuffer_drain(in, len);
 		if (greeting_broker_start(s->greeting, out) == 0)
 			return 0;
@@ -343,7 +371,8 @@ int handshake_method(struct session *s, struct leg *from, const struct frame_inf
 	case AMQP_CONNECTION_START_METHOD:
 		/* Learned for greeted clients, when the rules make some. */
 		if (s->w->rules && s->w->rules->any_upstream)
-			greeting_learn(&((amqp_connection_start_t *)m)->server_properties);
+			greeting_learn(s->upstream_at,
+				       &((amqp_connection_start_t *)m)->server_properties);
 		s->started = 1;
 		session_set_state(s, SESSION_HANDSHAKE);
 		break;

@@ -10,6 +10,7 @@
 #include "log.h"
 #include "patterns/dedup_publish.h"
 #include "patterns/idempotency.h"
+#include "probe.h"
 #include "rules.h"
 #include "store/claims.h"
 #include "store/state.h"
@@ -82,6 +83,9 @@ static int main_load_rules(char **errors)
 		return -1;
 	}
 	free(text);
+	/* Before any worker greets with the set: the brokers' properties are
+	 * being asked for, and clients wait for the first answers. */
+	probe_rules(r);
 	for (i = 0; i < main_nworkers; i++)
 		worker_set_rules(&main_workers[i], r);
 	janitor_set_rules(r);
@@ -243,6 +247,12 @@ int main(int argc, char **argv)
 			return 1;
 		}
 	}
+	base = event_base_new();
+	if (base == NULL || probe_init(base, config_num(&cfg, CFG_CONNECT_TIMEOUT_MS),
+				       config_num(&cfg, CFG_UPSTREAM_RETRY_MS)) != 0) {
+		log_error("cannot set up the main loop");
+		return 1;
+	}
 	if (main_load_rules(NULL) != 0)
 		return 1;
 	janitor_startup(main_rules);
@@ -250,7 +260,6 @@ int main(int argc, char **argv)
 		log_error("cannot start the janitor thread");
 		return 1;
 	}
-	base = event_base_new();
 	if (listener_open(base, cfg.v[CFG_LISTEN].list, cfg.v[CFG_LISTEN].nlist, 0,
 			  main_workers, main_nworkers,
 			  config_num(&cfg, CFG_MAX_CONNECTIONS)) != 0 ||
@@ -278,6 +287,7 @@ int main(int argc, char **argv)
 	 * completions are run before the workers are freed. */
 	for (i = 0; i < main_nworkers; i++)
 		pthread_join(main_workers[i].thread, NULL);
+	probe_stop();
 	engine_stop();
 	/* Store operations of sessions that are gone still complete (and
 	 * clean up after themselves) while the store threads run. */

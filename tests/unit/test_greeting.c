@@ -1,14 +1,19 @@
 /* test_greeting: the proxy's own side of the handshake, frame by frame:
- * what the client is offered, what is kept of its answers, and what the
- * broker chosen later is told. */
+ * what the client is offered (whose server properties, and when a client
+ * waits for them), what is kept of its answers, and what the broker chosen
+ * later is told. */
 #include "amqp/frame_scan.h"
 #include "amqp/method.h"
 #include "src/greeting.h"
+#include "src/upstream.h"
+#include "src/worker.h"
 
 #include "tests/unit/unit.h"
 
+#include <arpa/inet.h>
 #include <check.h>
 #include <event2/buffer.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -183,38 +188,140 @@ static const char *prop(const amqp_table_t *t, const char *key, char *buf, size_
 	return buf;
 }
 
-START_TEST(learned_properties)
+static amqp_table_entry_t text(const char *key, const char *value)
+{
+	amqp_table_entry_t e;
+
+	e.key = amqp_cstring_bytes(key);
+	e.value.kind = AMQP_FIELD_KIND_UTF8;
+	e.value.value.bytes = amqp_cstring_bytes(value);
+	return e;
+}
+
+/* What a new client is shown: its product property. */
+static const char *shown(char *buf, size_t len)
 {
 	struct greeting *g = greeting_new();
 	struct evbuffer *out = evbuffer_new();
-	amqp_table_entry_t e[2];
-	amqp_table_t broker = {2, e};
 	amqp_connection_start_t *st;
-	char buf[64];
 
-	init_amqp_pool(&pool, 4096);
-	e[0].key = amqp_cstring_bytes("product");
-	e[0].value.kind = AMQP_FIELD_KIND_UTF8;
-	e[0].value.value.bytes = amqp_cstring_bytes("RabbitMQ");
-	e[1].key = amqp_cstring_bytes("version");
-	e[1].value.kind = AMQP_FIELD_KIND_UTF8;
-	e[1].value.value.bytes = amqp_cstring_bytes("3.10.8");
-	/* Before a broker has spoken: the proxy's own. */
 	ck_assert_int_eq(greeting_start(g, out), 0);
 	st = take(out, AMQP_CONNECTION_START_METHOD);
-	ck_assert_str_eq(prop(&st->server_properties, "product", buf, sizeof(buf)),
-			 "acemq-proxy");
-	/* After: the broker's, with the proxy's mechanisms. */
-	greeting_learn(&broker);
+	ck_assert_int_eq((int)st->mechanisms.len, 14);
+	ck_assert(memcmp(st->mechanisms.bytes, "PLAIN AMQPLAIN", 14) == 0);
+	prop(&st->server_properties, "product", buf, len);
+	greeting_free(g);
+	evbuffer_free(out);
+	return buf;
+}
+
+static void learn(int node, const char *product, const char *version)
+{
+	amqp_table_entry_t e[2] = {text("product", product), text("version", version)};
+	amqp_table_t t = {2, e};
+
+	greeting_learn(node, &t);
+}
+
+static int resumed;
+static void *resumed_owner;
+
+static void resume(void *owner)
+{
+	resumed++;
+	resumed_owner = owner;
+}
+
+/* Nodes 0 and 1 form the global list, node 2 a vhost's. */
+START_TEST(learned_properties)
+{
+	struct sockaddr_in sa;
+	struct worker w;
+	amqp_table_entry_t e[2] = {text("product", "RabbitMQ"), text("version", "3.10.8")};
+	amqp_connection_start_t *st;
+	struct evbuffer *out = evbuffer_new();
+	struct greeting *g = greeting_new(), *gone;
+	char buf[64], err[128];
+
+	init_amqp_pool(&pool, 4096);
+	ck_assert_int_eq(worker_init(&w, 0), 0);
+	memset(&sa, 0, sizeof(sa));
+	sa.sin_family = AF_INET;
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	sa.sin_port = htons(1);
+	ck_assert_int_eq(upstream_add_sockaddr((struct sockaddr *)&sa, sizeof(sa), "a:1"), 0);
+	sa.sin_port = htons(2);
+	ck_assert_int_eq(upstream_add_sockaddr((struct sockaddr *)&sa, sizeof(sa), "b:2"), 0);
+	ck_assert_int_eq(upstream_intern("127.0.0.1:3", err, sizeof(err)), 2);
+	upstream_set_retry_ms(600000);
+
+	/* Nothing known, nothing asked: the proxy's own, at once. */
+	ck_assert_int_eq(greeting_await(g, &w, resume, g), -1);
+	ck_assert_str_eq(shown(buf, sizeof(buf)), "acemq-proxy");
+
+	/* The vhost's node asked for the first time: a client waits, and goes
+	 * on once it answered; it is shown that node's properties. A client
+	 * that went meanwhile is not resumed, whether it went before the
+	 * answer or after it, its resumption on its way. */
+	greeting_use_nodes(0x7);
+	greeting_asking(2);
+	ck_assert_int_eq(g->phase, GREETING_WAITING);
+	ck_assert_int_eq(greeting_await(g, &w, resume, g), 0);
+	gone = greeting_new();
+	ck_assert_int_eq(greeting_await(gone, &w, resume, gone), 0);
+	greeting_free(gone);
+	gone = greeting_new();
+	ck_assert_int_eq(greeting_await(gone, &w, resume, gone), 0);
+	worker_run_posted(&w);
+	ck_assert_int_eq(resumed, 0);
+	learn(2, "RabbitMQ-vhost", "1");
+	greeting_free(gone);
+	worker_run_posted(&w);
+	ck_assert_int_eq(resumed, 1);
+	ck_assert_ptr_eq(resumed_owner, g);
+	ck_assert_ptr_null(g->waiter);
+	ck_assert_str_eq(shown(buf, sizeof(buf)), "RabbitMQ-vhost");
+	/* Not in a list in force any more: not shown. */
+	greeting_use_nodes(0x3);
+	ck_assert_str_eq(shown(buf, sizeof(buf)), "acemq-proxy");
+	greeting_use_nodes(0x7);
+
+	/* A node of the global list being asked comes first: clients wait
+	 * for it, and when it gives up they see what is known. */
+	greeting_asking(1);
+	ck_assert_int_eq(greeting_await(g, &w, resume, g), 0);
+	gone = greeting_new();
+	ck_assert_int_eq(greeting_await(gone, &w, resume, gone), 0);
+	greeting_unanswered(1);
+	worker_run_posted(&w);
+	ck_assert_int_eq(resumed, 3);
+	ck_assert_int_eq(greeting_await(g, &w, resume, g), -1);
+	greeting_free(gone);
+	ck_assert_str_eq(shown(buf, sizeof(buf)), "RabbitMQ-vhost");
+
+	/* The global list's broker, whole, with the proxy's mechanisms. */
+	greeting_learn(1, &(amqp_table_t){2, e});
 	ck_assert_int_eq(greeting_start(g, out), 0);
 	st = take(out, AMQP_CONNECTION_START_METHOD);
 	ck_assert_int_eq(st->server_properties.num_entries, 2);
 	ck_assert_str_eq(prop(&st->server_properties, "product", buf, sizeof(buf)), "RabbitMQ");
 	ck_assert_str_eq(prop(&st->server_properties, "version", buf, sizeof(buf)), "3.10.8");
-	ck_assert_int_eq((int)st->mechanisms.len, 14);
-	ck_assert(memcmp(st->mechanisms.bytes, "PLAIN AMQPLAIN", 14) == 0);
+
+	/* Its first node, in the order clients are sent: node 0, while it is
+	 * not marked down. */
+	learn(0, "RabbitMQ-first", "2");
+	ck_assert_str_eq(shown(buf, sizeof(buf)), "RabbitMQ-first");
+	upstream_failed(0);
+	ck_assert_str_eq(shown(buf, sizeof(buf)), "RabbitMQ");
+	upstream_ok(0);
+	ck_assert_str_eq(shown(buf, sizeof(buf)), "RabbitMQ-first");
+	/* What a node announces changes with it. */
+	learn(0, "RabbitMQ-upgraded", "3");
+	ck_assert_str_eq(shown(buf, sizeof(buf)), "RabbitMQ-upgraded");
+
 	greeting_free(g);
 	evbuffer_free(out);
+	worker_fini(&w);
 	empty_amqp_pool(&pool);
 }
 END_TEST

@@ -46,13 +46,14 @@ class Routed(object):
     """A proxy whose global list is the main broker, with rules files that
     give some vhosts brokers of their own."""
 
-    def __init__(self, vhosts, extra=()):
+    def __init__(self, vhosts, extra=(), upstreams=None):
         self.dir = tempfile.mkdtemp(prefix="acemq-vb-")
         for i, (vhost, upstream) in enumerate(sorted(vhosts.items())):
             with open(os.path.join(self.dir, "v%d.json" % i), "w") as f:
                 json.dump({"vhost": vhost, "upstream": upstream}, f)
         self.admin = support.free_port()
         self.proxy = ProxyProcess("acemq-proxy-vb", PROXY_BIN, support.BROKER_PORT,
+                                  upstreams=upstreams,
                                   extra_args=["--rules", self.dir, "--admin",
                                               "127.0.0.1:%d" % self.admin] + list(extra))
         self.proxy.start()
@@ -99,10 +100,10 @@ def test_each_vhost_reaches_its_broker(routed):
         assert qb in queues(VHOST, NODE)
         assert qa in queues("/")
         assert qa not in queues("/", NODE)
-        # The client was greeted by the proxy: the first with its own
-        # properties, the next with those the broker announced to the
-        # proxy's earlier connection.
-        assert first["product"] == "acemq-proxy", first
+        # The client was greeted by the proxy, with the properties the
+        # global list's broker announced (the vhost is not known yet when
+        # connection.start is sent).
+        assert first["product"] == "RabbitMQ", first
         assert props["product"] == "RabbitMQ", props
         assert props["capabilities"]["publisher_confirms"] is True
         assert props["version"] == ctl_b("eval", "rabbit_misc:version().").stdout.strip().strip('"')
@@ -113,6 +114,76 @@ def test_each_vhost_reaches_its_broker(routed):
         rules = json.loads(r.read().decode())
     [v] = [v for v in rules["vhosts"] if v["vhost"] == VHOST]
     assert v["upstream"] == ["127.0.0.1:%d" % PORT]
+
+
+def broker_properties(port):
+    """What a broker announces to a client that connects to it directly."""
+    conn = support.connect(port)
+    try:
+        return conn._impl.server_properties
+    finally:
+        support.safe_close(conn)
+
+
+def first_greeting(port, vhost):
+    """The connection.start a new client of the proxy gets, its handshake
+    then completed (the vhost's broker took it)."""
+    c = w.RawClient(port)
+    try:
+        c.handshake(vhost=vhost)
+        c.close()
+    finally:
+        c.close_socket()
+    return c.start["server_properties"]
+
+
+def same_broker(seen, expected):
+    """All of it: product, version, cluster name, capabilities."""
+    assert seen["product"] == "RabbitMQ", seen
+    assert seen == expected
+
+
+def test_first_client_sees_the_global_brokers_properties(node_b):
+    """A fresh proxy asks its brokers what they announce before any client
+    does: the very first client sees the global list's broker (product,
+    version, its cluster name), whatever its vhost, not the proxy's own."""
+    expected = broker_properties(support.BROKER_PORT)
+    r = Routed({VHOST: ["127.0.0.1:%d" % node_b]})
+    try:
+        same_broker(first_greeting(r.port, VHOST), expected)
+        same_broker(first_greeting(r.port, "/"), expected)
+    finally:
+        r.stop()
+
+
+def test_first_client_sees_a_vhost_lists_broker(node_b):
+    """No broker of the global list answers: the greeting shows what a
+    vhost list's broker (node B) announced, from the first client on."""
+    expected = broker_properties(node_b)
+    assert expected["cluster_name"] != broker_properties(support.BROKER_PORT)["cluster_name"]
+    r = Routed({VHOST: ["127.0.0.1:%d" % node_b]},
+               upstreams=["127.0.0.1:%d" % support.free_port()])
+    try:
+        same_broker(first_greeting(r.port, VHOST), expected)
+    finally:
+        r.stop()
+
+
+def test_reload_asks_a_new_lists_brokers(node_b):
+    """A reload that names a new broker: the first client after it sees
+    that broker's properties (the global list and the other list do not
+    answer)."""
+    expected = broker_properties(node_b)
+    r = Routed({"acemq-unused": ["127.0.0.1:%d" % support.free_port()]},
+               upstreams=["127.0.0.1:%d" % support.free_port()])
+    try:
+        with open(os.path.join(r.dir, "z.json"), "w") as f:
+            json.dump({"vhost": VHOST, "upstream": ["127.0.0.1:%d" % node_b]}, f)
+        urllib.request.urlopen(urllib.request.Request(
+            "http://127.0.0.1:%d/reload" % r.admin, method="POST"), timeout=10).read()
+        same_broker(first_greeting(r.port, VHOST), expected)
+    finally:
+        r.stop()
 
 
 def test_failover_within_the_vhost_list(node_b):
@@ -226,34 +297,47 @@ def test_client_tuning_reaches_the_broker(routed):
 
 def fake_broker(frame_max):
     """A listener that speaks the broker's side up to connection.tune with a
-    small frame_max, and records what it is sent."""
+    small frame_max, and records what it is sent. The proxy's probe (a
+    connection that goes after connection.start) is answered and let go."""
     lst = socket.socket()
     lst.bind((support.HOST, 0))
-    lst.listen(1)
-    got = {}
+    lst.listen(4)
+    got = {"probes": 0}
+
+    def serve(s):
+        hdr = s.recv(8)
+        got["header"] = hdr
+        caps = w.table({"product": "fake"})
+        s.sendall(w.method_frame(0, w.CONNECTION_START, b"\x00\x09" + caps +
+                                 w.longstr("PLAIN") + w.longstr("en_US")))
+        data = b""
+        while len(data) < 7 or len(data) < 8 + struct.unpack_from(">I", data, 3)[0]:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        if not data:
+            got["probes"] += 1
+            return False
+        got["start_ok"] = data
+        s.sendall(w.method_frame(0, w.CONNECTION_TUNE, struct.pack(">HIH", 2047, frame_max, 60)))
+        got["after"] = s.recv(65536)
+        return True
 
     def run():
-        s, _ = lst.accept()
-        s.settimeout(10)
-        try:
-            hdr = s.recv(8)
-            got["header"] = hdr
-            caps = w.table({"product": "fake"})
-            s.sendall(w.method_frame(0, w.CONNECTION_START, b"\x00\x09" + caps +
-                                     w.longstr("PLAIN") + w.longstr("en_US")))
-            data = b""
-            while len(data) < 7 or len(data) < 8 + struct.unpack_from(">I", data, 3)[0]:
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
-            got["start_ok"] = data
-            s.sendall(w.method_frame(0, w.CONNECTION_TUNE, struct.pack(">HIH", 2047, frame_max, 60)))
-            got["after"] = s.recv(65536)
-        except OSError:
-            pass
-        finally:
-            s.close()
+        done = False
+        while not done:
+            try:
+                s, _ = lst.accept()
+            except OSError:
+                return
+            s.settimeout(10)
+            try:
+                done = serve(s)
+            except OSError:
+                pass
+            finally:
+                s.close()
     t = threading.Thread(target=run, daemon=True)
     t.start()
     return lst, t, got
@@ -269,8 +353,10 @@ def test_broker_frame_max_below_the_offer():
         assert "530" in str(e.value) and "frame_max (4096)" in str(e.value)
         c.close_socket()
         t.join(10)
-        # The client's own start-ok was what the broker got.
+        # The client's own start-ok was what the broker got (the proxy's
+        # probe came first, and went after connection.start).
         assert b"acemq-it-raw" in got["start_ok"]
+        assert got["probes"] == 1
         assert "the broker's frame_max (4096) is below" in r.proxy.log_text()
     finally:
         r.stop()
