@@ -1,11 +1,12 @@
 /* probe: asks each broker address of the lists in force what it announces,
  * for the greeting (src/greeting.c), on the main thread's loop: a
- * connection of the proxy's own sends the protocol header (after a PROXY
- * header, or in TLS, as the sessions' broker connections do), reads the
- * broker's connection.start, hands its server properties to the greeting
- * and closes. An address is asked once it is in a list and its properties
- * are not known; one that does not answer within connect_timeout_ms is
- * asked again every upstream_retry_ms while it stays unknown.
+ * connection of the proxy's own sends the protocol header (in TLS, or
+ * after a PROXY header naming its own two ends, as the sessions' broker
+ * connections do), reads the broker's connection.start, hands its server
+ * properties to the greeting and closes. An address is asked once it is
+ * in a list and its properties are not known; one that does not answer
+ * within connect_timeout_ms is asked again every upstream_retry_ms while it
+ * stays unknown.
  *
  * Closing after connection.start is the quietest way out there is without
  * credentials: RabbitMQ logs a warning ("client unexpectedly closed TCP
@@ -162,6 +163,8 @@ static int probe_tls(struct transport *tr, const struct upstream_node *n)
 static void probe_ask(struct probe *p)
 {
 	const struct upstream_node *n = upstream_node(p->node);
+	struct sockaddr_storage local;
+	socklen_t locallen = sizeof(local);
 	uint8_t pp[PROXYPROTO_V2_MAX];
 
 	if (n == NULL || p->tr || greeting_known(p->node) ||
@@ -181,9 +184,18 @@ static void probe_ask(struct probe *p)
 		return;
 	}
 	transport_setcb(p->tr, probe_read_cb, NULL, probe_event_cb, p);
-	/* No client behind it: a PROXY header says LOCAL. */
-	if (worker_settings.upstream_proxy_protocol)
-		evbuffer_add(transport_output(p->tr), pp, proxyproto_write_v2(pp, NULL, NULL));
+	/* No client behind it: the PROXY header names this connection's own
+	 * ends (RabbitMQ 3.10 fails a connection whose header says LOCAL). */
+	if (worker_settings.upstream_proxy_protocol) {
+		if (getsockname(transport_fd(p->tr), (struct sockaddr *)&local, &locallen) !=
+		    0) {
+			probe_failed(p, strerror(errno));
+			return;
+		}
+		evbuffer_add(transport_output(p->tr), pp,
+			     proxyproto_write_v2(pp, (struct sockaddr *)&local,
+						 (const struct sockaddr *)&n->sa));
+	}
 	evbuffer_add(transport_output(p->tr), probe_amqp_header, sizeof(probe_amqp_header));
 	transport_read_enable(p->tr);
 	probe_timer_set(p, probe_timeout_ms);

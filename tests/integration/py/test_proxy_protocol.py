@@ -145,3 +145,27 @@ def test_the_proxys_own_connections_carry_a_header_too(pp_broker):
         stop_proxy(proc, log)
         shutil.rmtree(rules, ignore_errors=True)
         shutil.rmtree(data, ignore_errors=True)
+
+
+def test_the_greetings_probe_carries_a_header_too(pp_broker):
+    """The proxy greets clients (a vhost has brokers of its own): the
+    connection that asks the broker for its server properties carries a
+    PROXY header naming its own ends (RabbitMQ 3.10 fails one that says
+    LOCAL), so the very first client sees the broker's properties."""
+    rules = tempfile.mkdtemp(prefix="acemq-pp-rules-")
+    with open(os.path.join(rules, "v.json"), "w") as f:
+        f.write('{"vhost": "acemq-pp-elsewhere", "upstream": ["127.0.0.1:%d"]}' % PORT)
+    direct = RawClient(PORT)
+    direct.send(b"PROXY TCP4 127.0.0.1 127.0.0.1 40003 %d\r\n" % PORT)
+    direct.handshake()
+    direct.close()
+    proc, port, log = start_proxy("--upstream-proxy-protocol", "1", "--rules", rules)
+    try:
+        c = RawClient(port)
+        c.handshake()
+        c.close()
+        assert c.start["server_properties"] == direct.start["server_properties"]
+        assert "announced its server properties" in open(log).read()
+    finally:
+        stop_proxy(proc, log)
+        shutil.rmtree(rules, ignore_errors=True)
