@@ -256,3 +256,30 @@ def test_the_engine_speaks_tls_too(pki, tls_broker):
         stop_proxy(proc, log)
         shutil.rmtree(rules, ignore_errors=True)
         shutil.rmtree(data, ignore_errors=True)
+
+
+def test_the_greetings_probe_speaks_tls_too(pki, tls_broker):
+    """The proxy greets clients (a vhost has brokers of its own): the
+    connection that asks the TLS broker for its server properties speaks
+    TLS, so the very first client sees the broker's properties."""
+    rules = tempfile.mkdtemp(prefix="acemq-tls-rules-")
+    with open(os.path.join(rules, "v.json"), "w") as f:
+        f.write('{"vhost": "acemq-tls-elsewhere", "upstream": ["127.0.0.1:%d"]}' % tls_broker)
+    direct = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", PLAIN_PORT,
+                                                               socket_timeout=10))
+    expected = direct._impl.server_properties
+    direct.close()
+    proc, port, tls_port, log = start_proxy("--upstream-tls", "1",
+                                            "--upstream-tls-ca", p(pki, "ca.pem"),
+                                            "--tls-cert", p(pki, "server.pem"),
+                                            "--tls-key", p(pki, "server.key"),
+                                            "--rules", rules, upstream=tls_broker)
+    try:
+        c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port,
+                                                              socket_timeout=10))
+        seen = c._impl.server_properties
+        c.close()
+        assert seen["product"] == "RabbitMQ" and seen == expected, seen
+    finally:
+        stop_proxy(proc, log)
+        shutil.rmtree(rules, ignore_errors=True)
