@@ -1,5 +1,6 @@
 /* greeting: the proxy's own side of the connection handshake, and its
- * replay to the broker chosen by vhost. */
+ * replay to the broker chosen by vhost; what each broker address announced
+ * in its connection.start, and which of it a new client is shown. */
 #include "greeting.h"
 
 #include "../amqp/content.h"

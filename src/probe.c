@@ -63,7 +63,8 @@ static void probe_close(struct probe *p)
 		transport_free(p->tr);
 		p->tr = NULL;
 	}
-	evtimer_del(p->timer);
+	if (p->timer)
+		evtimer_del(p->timer);
 }
 
 /* The ask ended without properties: asked again later, while the node is
