@@ -5,6 +5,8 @@
 
 #include "../amqp/content.h"
 #include "../amqp/method.h"
+#include "link.h"
+#include "list.h"
 #include "upstream.h"
 #include "worker.h"
 
@@ -26,17 +28,16 @@ enum greeting_node_state {
 	GREETING_NODE_KNOWN,
 };
 
-/* A client waiting for its connection.start (greeting_await). Freed by
- * the call that resumes it on its worker once posted (posted, under the
- * lock), else by whoever takes it off the list. */
+/* A client waiting for its connection.start (greeting_await): among the
+ * waiting until released, then a call posted to its worker, which frees
+ * it; its greeting, freed first, takes it off the list or cuts the link. */
 struct greeting_waiter {
 	struct worker_call call; /* first */
 	struct worker *w;
-	struct greeting *g; /* NULL once the greeting was freed */
+	struct link to; /* the greeting */
 	void (*resume)(void *owner);
 	void *owner;
-	int posted;
-	struct greeting_waiter *next;
+	struct list node; /* linked while waiting */
 };
 
 /* What each broker address announced, encoded, and who waits for it. */
@@ -48,8 +49,9 @@ static struct {
 		enum greeting_node_state state;
 	} node[UPSTREAM_MAX];
 	unsigned in_force;
-	struct greeting_waiter *waiting;
-} greeting_nodes = {.lock = PTHREAD_MUTEX_INITIALIZER};
+	struct list waiting;
+} greeting_nodes = {.lock = PTHREAD_MUTEX_INITIALIZER,
+		    .waiting = {&greeting_nodes.waiting, &greeting_nodes.waiting}};
 
 /* The node whose properties a new client is shown, GREETING_WAIT while the
  * first answers are awaited, or -1 (the proxy's own). Under the lock. */
@@ -78,38 +80,30 @@ static int greeting_pick(void)
 	return -1;
 }
 
-/* On the waiter's worker, which also frees its greeting: no lock. */
+/* On the waiter's worker, which also frees its greeting. */
 static void greeting_resume(struct worker_call *c)
 {
 	struct greeting_waiter *wt = (struct greeting_waiter *)c;
+	struct greeting *g = link_owner(&wt->to);
 
-	if (wt->g) {
-		wt->g->waiter = NULL;
+	if (g) {
+		g->waiter = NULL;
 		wt->resume(wt->owner);
 	}
 	free(wt);
 }
 
 /* Something became known or gave up: the clients waiting go on, when
- * there is no more to wait for. Under the lock; post what it returns. */
-static struct greeting_waiter *greeting_release(void)
+ * there is no more to wait for. Under the lock (posting takes only the
+ * worker's own lock, never held while a call runs). */
+static void greeting_release(void)
 {
-	struct greeting_waiter *wt = greeting_nodes.waiting, *i;
+	struct greeting_waiter *wt;
 
-	if (wt == NULL || greeting_pick() == GREETING_WAIT)
-		return NULL;
-	greeting_nodes.waiting = NULL;
-	for (i = wt; i; i = i->next)
-		i->posted = 1;
-	return wt;
-}
-
-static void greeting_post(struct greeting_waiter *wt)
-{
-	struct greeting_waiter *next;
-
-	for (; wt; wt = next) {
-		next = wt->next;
+	if (list_empty(&greeting_nodes.waiting) || greeting_pick() == GREETING_WAIT)
+		return;
+	list_for_each_entry_safe (wt, &greeting_nodes.waiting, node) {
+		list_del(&wt->node);
 		wt->call.fn = greeting_resume;
 		worker_post(wt->w, &wt->call);
 	}
@@ -119,7 +113,6 @@ void greeting_learn(int node, const amqp_table_t *server_properties)
 {
 	static _Thread_local uint8_t scratch[GREETING_PROPS_MAX];
 	amqp_bytes_t out = {sizeof(scratch), scratch};
-	struct greeting_waiter *go;
 	size_t len = 0;
 	uint8_t *copy;
 
@@ -137,23 +130,19 @@ void greeting_learn(int node, const amqp_table_t *server_properties)
 			greeting_nodes.node[node].state = GREETING_NODE_KNOWN;
 		}
 	}
-	go = greeting_release();
+	greeting_release();
 	pthread_mutex_unlock(&greeting_nodes.lock);
-	greeting_post(go);
 }
 
 static void greeting_set_state(int node, enum greeting_node_state state)
 {
-	struct greeting_waiter *go;
-
 	if (node < 0 || node >= UPSTREAM_MAX)
 		return;
 	pthread_mutex_lock(&greeting_nodes.lock);
 	if (greeting_nodes.node[node].state != GREETING_NODE_KNOWN)
 		greeting_nodes.node[node].state = state;
-	go = greeting_release();
+	greeting_release();
 	pthread_mutex_unlock(&greeting_nodes.lock);
-	greeting_post(go);
 }
 
 void greeting_asking(int node)
@@ -168,13 +157,10 @@ void greeting_unanswered(int node)
 
 void greeting_use_nodes(unsigned nodes)
 {
-	struct greeting_waiter *go;
-
 	pthread_mutex_lock(&greeting_nodes.lock);
 	greeting_nodes.in_force = nodes;
-	go = greeting_release();
+	greeting_release();
 	pthread_mutex_unlock(&greeting_nodes.lock);
-	greeting_post(go);
 }
 
 int greeting_known(int node)
@@ -198,50 +184,47 @@ int greeting_await(struct greeting *g, struct worker *w, void (*resume)(void *ow
 	if (g->waiter == NULL && greeting_pick() == GREETING_WAIT &&
 	    (wt = calloc(1, sizeof(*wt))) != NULL) {
 		wt->w = w;
-		wt->g = g;
+		link_set(&wt->to, g);
 		wt->resume = resume;
 		wt->owner = owner;
-		wt->next = greeting_nodes.waiting;
-		greeting_nodes.waiting = wt;
+		list_add_tail(&wt->node, &greeting_nodes.waiting);
 		g->waiter = wt;
 	}
 	pthread_mutex_unlock(&greeting_nodes.lock);
 	return wt ? 0 : -1;
 }
 
-/* g is freed: its waiter no longer resumes it. */
+/* g is freed (on its worker): a waiter still waiting goes; one whose call
+ * is posted no longer resumes it. */
 static void greeting_unwait(struct greeting *g)
 {
-	struct greeting_waiter **pp, *wt = g->waiter;
+	struct greeting_waiter *wt = g->waiter;
+	int waiting;
 
 	pthread_mutex_lock(&greeting_nodes.lock);
-	if (wt->posted) {
-		wt->g = NULL; /* its call, on this thread, frees it */
-		wt = NULL;
-	} else {
-		for (pp = &greeting_nodes.waiting; *pp && *pp != wt; pp = &(*pp)->next)
-			;
-		if (*pp)
-			*pp = wt->next;
-	}
+	waiting = list_linked(&wt->node);
+	list_del(&wt->node);
 	pthread_mutex_unlock(&greeting_nodes.lock);
-	free(wt);
+	if (waiting)
+		free(wt);
+	else
+		link_cut(&wt->to);
 	g->waiter = NULL;
 }
 
 void greeting_forget_waiting(void)
 {
-	struct greeting_waiter *wt, *next;
+	struct greeting_waiter *wt;
+	struct greeting *g;
 
 	pthread_mutex_lock(&greeting_nodes.lock);
-	wt = greeting_nodes.waiting;
-	greeting_nodes.waiting = NULL;
-	pthread_mutex_unlock(&greeting_nodes.lock);
-	for (; wt; wt = next) {
-		next = wt->next;
-		wt->g->waiter = NULL;
+	list_for_each_entry_safe (wt, &greeting_nodes.waiting, node) {
+		list_del(&wt->node);
+		if ((g = link_owner(&wt->to)) != NULL)
+			g->waiter = NULL;
 		free(wt);
 	}
+	pthread_mutex_unlock(&greeting_nodes.lock);
 }
 
 /* The properties to show decoded into pool; 0, or -1 for the proxy's own. */
