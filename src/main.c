@@ -12,6 +12,7 @@
 #include "patterns/idempotency.h"
 #include "rules.h"
 #include "store/claims.h"
+#include "store/s3.h"
 #include "store/state.h"
 #include "tls.h"
 #include "upstream.h"
@@ -225,6 +226,7 @@ int main(int argc, char **argv)
 		idempotency_init(state);
 		dedup_publish_init(state);
 	}
+	s3_configure_from(&cfg);
 	if (jobs_start((int)config_num(&cfg, CFG_IO_THREADS)) != 0) {
 		log_error("cannot start the I/O threads");
 		return 1;
@@ -290,6 +292,7 @@ int main(int argc, char **argv)
 	}
 	janitor_stop();
 	jobs_stop();
+	s3_stop();
 	tls_free();
 	state_close(state);
 	rules_unref(main_rules);

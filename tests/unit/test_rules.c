@@ -143,8 +143,17 @@ START_TEST(refusals)
 	    "{\"vhost\": \"a\", \"claim_check\": {\"match\": [], \"on_missing\": \"drop\"}}",
 	    "claim_check.on_missing", "'drop' is not dead-letter or pass");
 	refused("{\"vhost\": \"a\", \"claim_check\": {\"match\": [], \"store\": {\"type\": "
+		"\"gcs\"}}}",
+		"claim_check.store.type", "'gcs' is not lmdb, filesystem or s3");
+	refused("{\"vhost\": \"a\", \"claim_check\": {\"match\": [], \"store\": {\"type\": "
 		"\"s3\"}}}",
-		"claim_check.store.type", "'s3' is not lmdb or filesystem");
+		"claim_check.store.bucket", "is required");
+	refused("{\"vhost\": \"a\", \"claim_check\": {\"match\": [], \"store\": {\"type\": "
+		"\"s3\", \"bucket\": \"Not_A_Bucket\"}}}",
+		"claim_check.store.bucket", "'Not_A_Bucket' is not a bucket name");
+	refused("{\"vhost\": \"a\", \"claim_check\": {\"match\": [], \"store\": {\"type\": "
+		"\"lmdb\", \"bucket\": \"claims\"}}}",
+		"claim_check.store", "bucket and prefix are only for type s3");
 	refused("{\"vhost\": \"a\", \"claim_check\": {\"match\": [], \"store\": {\"type\": "
 		"\"filesystem\"}}}",
 		"claim_check.store.path", "is required");
