@@ -38,10 +38,13 @@ class S3rver:
         self.start()
 
     def start(self):
+        # s3rver's continuation tokens use a cipher OpenSSL 3 keeps in its
+        # legacy provider.
+        env = dict(os.environ, NODE_OPTIONS="--openssl-legacy-provider")
         self.proc = subprocess.Popen(
             [S3RVER, "-d", self.dir, "-a", "127.0.0.1", "-p", str(self.port), "--silent",
              "--no-vhost-buckets", "--configure-bucket", BUCKET],
-            stdout=self.log, stderr=self.log)
+            stdout=self.log, stderr=self.log, env=env)
         if not support.wait_until(lambda: support.port_accepts(self.port), 20):
             raise AssertionError("s3rver did not start: " + open(self.log.name).read())
 
@@ -86,7 +89,7 @@ class Proxy:
                 json.dump(rule, f)
         self.port, self.admin = support.free_port(), support.free_port()
         conf = {"s3_endpoint": endpoint, "s3_access_key": ACCESS, "s3_secret_key": SECRET,
-                "s3_region": "us-east-1", "s3_timeout_ms": "5000",
+                "s3_region": "us-east-1", "s3_timeout_ms": "15000",
                 "listen": "127.0.0.1:%d" % self.port, "upstream": "127.0.0.1:5672",
                 "rules": self.rules, "data_dir": os.path.join(self.top, "data"),
                 "admin": "127.0.0.1:%d" % self.admin, "log_level": "info"}
@@ -139,6 +142,7 @@ class Proxy:
                 self.proc.kill()
                 self.proc.wait()
         text = self.stderr()
+        print("---- proxy %d log (tail) ----\n%s" % (self.port, text[-4000:]))
         rc = self.proc.returncode
         shutil.rmtree(self.top, ignore_errors=True)
         assert rc == 0, "proxy exited with %s:\n%s" % (rc, text[-3000:])

@@ -52,6 +52,8 @@ class Front:
         self.upstream_port, self.s3_dir = upstream_port, s3_dir
         self.access, self.secret, self.region = access, secret, region
         self.verified, self.rejected, self.shapes = 0, [], set()
+        self.fail_next = 0  # answer this many requests 503 (a flaky store)
+        self.failed = 0
         self.lock = threading.Lock()
         front = self
 
@@ -178,6 +180,14 @@ class Front:
     def handle(self, h):
         n = int(h.headers.get("Content-Length") or 0)
         body = h.rfile.read(n) if n else b""
+        with self.lock:
+            flaky = self.fail_next > 0
+            if flaky:
+                self.fail_next -= 1
+                self.failed += 1
+        if flaky:
+            self.answer(h, 503, b"<Error><Code>SlowDown</Code></Error>", "application/xml")
+            return
         why = self.verify(h, body)
         if why:
             with self.lock:

@@ -84,3 +84,297 @@ def test_twenty_mib_through_the_verifying_front(broker, s3, front, proxies):
     for s in ("PUT", "POST?uploads", "PUT?partNumber&uploadId", "POST?uploadId", "HEAD",
               "GET +range"):
         assert s in front.shapes, (s, front.shapes)
+
+
+def direct_conn():
+    return pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", 5672))
+
+
+def depth(q):
+    with direct_conn() as c:
+        return c.channel().queue_declare(q, passive=True).method.message_count
+
+
+def boto_client(port):
+    import botocore.session
+    from botocore.config import Config
+    return botocore.session.get_session().create_client(
+        "s3", endpoint_url="http://127.0.0.1:%d" % port, region_name="us-east-1",
+        aws_access_key_id="S3RVER", aws_secret_access_key="S3RVER",
+        config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}))
+
+
+def test_two_proxies_one_bucket(broker, s3, proxies):
+    """Published through proxy A, consumed through proxy B (s3rver checks
+    the signatures itself here): the same bytes; the object in the bucket is
+    exactly the payload; B's GET /claims finds it."""
+    pfx = prefix()
+    ep = "http://127.0.0.1:%d" % s3.port
+    a, b = proxies(ep, s3_rule(pfx)), proxies(ep, s3_rule(pfx))
+    body, q = os.urandom(20 << 20), qname()
+    with a.connect() as c:
+        ch = c.channel()
+        ch.queue_declare(q)
+        ch.confirm_delivery()
+        ch.basic_publish("", q, body)
+    key = framed_key(peek_reference(q))
+    with open(s3.object_path(pfx + key), "rb") as f:
+        assert f.read() == body
+    status, doc = b.get("/claims/%2F/" + key)
+    assert status == 200 and doc["present"] and doc["size"] == len(body), doc
+    assert doc["age_s"] < 60
+    with b.connect() as c:
+        ch = c.channel()
+        m = get_one(ch, q)
+        ch.queue_delete(q)
+    assert m is not None and m[2] == body
+    status, doc = b.get("/claims/%2F/" + "0" * 32)
+    assert status == 404 and doc["present"] is False
+
+
+def publish_in_thread(p, q, body, result):
+    def run():
+        try:
+            with p.connect() as c:
+                ch = c.channel()
+                ch.confirm_delivery()
+                ch.basic_publish("", q, body)
+                result.append("confirmed")
+        except pika.exceptions.NackError:
+            result.append("nacked")
+        except Exception as e:  # noqa: BLE001
+            result.append("error: %r" % e)
+    t = threading.Thread(target=run)
+    t.start()
+    return t
+
+
+def test_store_stopped_mid_upload(broker, s3, proxies):
+    """s3rver killed while the parts of a 40 MiB payload go up: the publish
+    is nacked, nothing reaches the queue, no object is left."""
+    pfx = prefix()
+    p = proxies("http://127.0.0.1:%d" % s3.port, s3_rule(pfx))
+    q = qname()
+    with direct_conn() as c:
+        c.channel().queue_declare(q)
+    uploads = os.path.join(s3.dir, BUCKET, "._S3rver_uploads")
+    before = set(os.listdir(uploads)) if os.path.isdir(uploads) else set()
+    result = []
+    t = publish_in_thread(p, q, os.urandom(40 << 20), result)
+    try:
+        assert support_wait(lambda: os.path.isdir(uploads) and set(os.listdir(uploads)) - before,
+                            30), "no multipart upload started"
+        s3.stop()
+        t.join(60)
+        assert result == ["nacked"], result
+        assert depth(q) == 0
+    finally:
+        s3.stop()
+        s3.start()
+    assert s3.objects(pfx) == []
+    with direct_conn() as c:
+        c.channel().queue_delete(q)
+    assert "publish refused" in p.stderr() or "refused" in p.stderr()
+
+
+def support_wait(pred, timeout):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_store_stopped_before_a_delivery(broker, s3, proxies):
+    """The store down when a claim check is delivered: the consumer's
+    channel is closed with 541 and the broker requeues; once the store is
+    back the payload is delivered."""
+    pfx = prefix()
+    p = proxies("http://127.0.0.1:%d" % s3.port, s3_rule(pfx))
+    body, q = os.urandom(3 << 20), qname()
+    with p.connect() as c:
+        ch = c.channel()
+        ch.queue_declare(q)
+        ch.confirm_delivery()
+        ch.basic_publish("", q, body)
+    s3.stop()
+    try:
+        with p.connect() as c:
+            ch = c.channel()
+            closed = []
+            try:
+                ch.basic_consume(q, lambda *a: None)
+                support_wait(lambda: (c.process_data_events(0.1), not ch.is_open)[1], 30)
+            except pika.exceptions.ChannelClosedByBroker as e:
+                closed.append(e.reply_code)
+            except pika.exceptions.ConnectionClosedByBroker as e:
+                closed.append(e.reply_code)
+            assert closed == [541] or not ch.is_open, closed
+    finally:
+        s3.start()
+    assert support_wait(lambda: depth(q) == 1, 20), "not requeued"
+    with p.connect() as c:
+        ch = c.channel()
+        m = get_one(ch, q)
+        ch.queue_delete(q)
+    assert m is not None and m[2] == body
+
+
+def test_client_gone_mid_upload(broker, s3, front, proxies, tmp_path):
+    """A publisher killed while its 60 MiB payload goes up: the multipart
+    upload is aborted (ListMultipartUploads under the prefix is empty) and
+    no object is left."""
+    pfx = prefix()
+    p = proxies("http://127.0.0.1:%d" % front.port, s3_rule(pfx))
+    q = qname()
+    with direct_conn() as c:
+        c.channel().queue_declare(q)
+    script = tmp_path / "pub.py"
+    script.write_text(
+        "import os, pika\n"
+        "c = pika.BlockingConnection(pika.ConnectionParameters('127.0.0.1', %d))\n"
+        "ch = c.channel()\n"
+        "ch.basic_publish('', %r, os.urandom(60 << 20))\n"
+        "import time; time.sleep(60)\n" % (p.port, q))
+    import subprocess
+    import sys
+    proc = subprocess.Popen([sys.executable, str(script)])
+    try:
+        assert support_wait(lambda: front.open_uploads(BUCKET, pfx), 30), "no upload started"
+        proc.kill()
+    finally:
+        proc.wait()
+    s3c = boto_client(front.port)
+    assert support_wait(
+        lambda: not s3c.list_multipart_uploads(Bucket=BUCKET, Prefix=pfx).get("Uploads"), 30)
+    time.sleep(0.5)
+    assert s3.objects(pfx) == []
+    assert depth(q) == 0
+    with direct_conn() as c:
+        c.channel().queue_delete(q)
+    assert "DELETE?uploadId" in front.shapes
+    assert "GET?prefix&uploads" in front.shapes
+
+
+@pytest.mark.skipif(SANITIZED, reason="sanitizers change the heap")
+def test_memory_bounded_while_100_mib_pass_each_way(broker, s3, proxies):
+    """RssAnon of the proxy stays within 16 MiB of where it started while a
+    100 MiB payload is uploaded in 5 MiB parts and read back."""
+    pfx = prefix()
+    p = proxies("http://127.0.0.1:%d" % s3.port, s3_rule(pfx),
+                settings={"s3_part_size": str(5 << 20), "workers": "1"})
+    q = qname()
+    body = os.urandom(100 << 20)
+    with p.connect() as c:
+        ch = c.channel()
+        ch.queue_declare(q)
+        ch.confirm_delivery()
+        ch.basic_publish("", q, b"warm-up" * 20000)
+        get_one(ch, q)
+    start = p.status("RssAnon")
+    peak = [start]
+    stop = threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            peak[0] = max(peak[0], p.status("RssAnon"))
+            time.sleep(0.01)
+    t = threading.Thread(target=sample)
+    t.start()
+    try:
+        with p.connect() as c:
+            ch = c.channel()
+            ch.confirm_delivery()
+            ch.basic_publish("", q, body)
+            up = peak[0]
+            m = get_one(ch, q, 120)
+            ch.queue_delete(q)
+    finally:
+        stop.set()
+        t.join()
+    assert m is not None and hashlib.sha256(m[2]).digest() == hashlib.sha256(body).digest()
+    print("RssAnon: start %d kB, peak %d kB on upload, %d kB overall" % (start, up, peak[0]))
+    assert peak[0] - start <= 16 * 1024, (start, up, peak[0])
+
+
+def test_retention_by_the_janitor(broker, s3, front, proxies):
+    """Objects under the prefix older than retention_s are deleted by the
+    janitor, listing in pages (a continuation token past 1000 keys); what
+    is not a claim key is left alone."""
+    pfx = prefix()
+    s3c = boto_client(s3.port)
+    keys = [pfx + uuid.uuid4().hex for _ in range(1010)]
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(16) as ex:
+        list(ex.map(lambda k: s3c.put_object(Bucket=BUCKET, Key=k, Body=b"x"), keys))
+    s3c.put_object(Bucket=BUCKET, Key=pfx + "notes.txt", Body=b"not a claim")
+    time.sleep(2.5)
+    p = proxies("http://127.0.0.1:%d" % front.port, s3_rule(pfx, retention_s=2),
+                settings={"purge_interval_s": "1"})
+    assert support_wait(lambda: s3.objects(pfx) == [pfx + "notes.txt"], 90), \
+        len(s3.objects(pfx))
+    assert "GET?continuation-token&list-type&max-keys&prefix" in front.shapes, front.shapes
+    assert "DELETE" in front.shapes
+    assert "claim payloads past 2 s removed" in p.stderr()
+
+
+def test_missing_object_is_on_missing(broker, s3, proxies):
+    """A claim check whose object is gone (404) is handled as on_missing
+    says: with pass, delivered as it is."""
+    pfx = prefix()
+    p = proxies("http://127.0.0.1:%d" % s3.port, s3_rule(pfx, on_missing="pass"))
+    q = qname()
+    with p.connect() as c:
+        ch = c.channel()
+        ch.queue_declare(q)
+        ch.confirm_delivery()
+        ch.basic_publish("", q, os.urandom(200000))
+        key = framed_key(peek_reference(q))
+        boto_client(s3.port).delete_object(Bucket=BUCKET, Key=pfx + key)
+        m = get_one(ch, q)
+        ch.queue_delete(q)
+    assert m is not None and framed_key(m[2]) == key
+    assert "payload not in the store" in p.stderr()
+
+
+def test_forbidden_store_refuses_the_publish(broker, s3, front, proxies):
+    """A store that answers 403 (here: a wrong secret, refused by the
+    verifying front): the publish is nacked and nothing is forwarded."""
+    pfx = prefix()
+    p = proxies("http://127.0.0.1:%d" % front.port, s3_rule(pfx),
+                settings={"s3_secret_key": "wrong"})
+    q = qname()
+    n0 = len(front.rejected)
+    with p.connect() as c:
+        ch = c.channel()
+        ch.queue_declare(q)
+        ch.confirm_delivery()
+        with pytest.raises(pika.exceptions.NackError):
+            ch.basic_publish("", q, os.urandom(100000))
+        ch.basic_publish("", q, b"small: not offloaded")
+        m = get_one(ch, q)
+        ch.queue_delete(q)
+    assert m is not None and m[2] == b"small: not offloaded"
+    assert len(front.rejected) > n0
+    assert s3.objects(pfx) == []
+    assert "wrong" not in p.stderr()
+
+
+def test_server_errors_are_retried(broker, s3, front, proxies):
+    """Two 503 answers in a row are retried with backoff: the publish is
+    confirmed and the payload delivered."""
+    pfx = prefix()
+    p = proxies("http://127.0.0.1:%d" % front.port, s3_rule(pfx))
+    q, body = qname(), os.urandom(300000)
+    failed0 = front.failed
+    front.fail_next = 2
+    with p.connect() as c:
+        ch = c.channel()
+        ch.queue_declare(q)
+        ch.confirm_delivery()
+        ch.basic_publish("", q, body)
+        m = get_one(ch, q)
+        ch.queue_delete(q)
+    assert front.failed - failed0 == 2
+    assert m is not None and m[2] == body
