@@ -12,6 +12,7 @@
 
 #include <pthread.h>
 #include <stddef.h>
+#include <sys/mman.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,8 +36,9 @@ struct claims_s3_op {
 	struct s3_req req; /* first: its worker_call is the op's */
 	struct claims_s3_upload *u;
 	enum claims_s3_kind kind;
-	uint8_t *buf; /* owned: the part's bytes or the XML sent */
+	uint8_t *buf; /* owned: the part's bytes (mapped) or the XML sent */
 	size_t len;   /* payload bytes it carries */
+	size_t mapped; /* buf is a mapping of this many bytes (else malloc'd) */
 	int number;   /* part number */
 	struct claims_s3_op *next;
 };
@@ -59,6 +61,22 @@ struct claims_s3_upload {
 };
 
 #define claims_s3_of(up) ((struct claims_s3_upload *)(void *)(up))
+
+/* Part buffers are mappings of their own: the pages go back to the system
+ * the moment a part is done, whatever the allocator would keep, so the
+ * proxy's memory follows the parts in flight. */
+static uint8_t *claims_s3_buf_new(size_t size)
+{
+	void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+	return p == MAP_FAILED ? NULL : p;
+}
+
+static void claims_s3_buf_free(uint8_t *p, size_t size)
+{
+	if (p)
+		munmap(p, size);
+}
 
 static void claims_s3_object(char *out, const struct claims_where *where, const char *key)
 {
@@ -89,7 +107,10 @@ static struct claims_s3_op *claims_s3_op_new(struct claims_s3_upload *u,
 static void claims_s3_op_free(struct claims_s3_op *op)
 {
 	s3_req_clear(&op->req);
-	free(op->buf);
+	if (op->mapped)
+		claims_s3_buf_free(op->buf, op->mapped);
+	else
+		free(op->buf);
 	free(op);
 }
 
@@ -111,6 +132,7 @@ static int claims_s3_part_out(struct claims_s3_upload *u)
 		return -1;
 	}
 	op->buf = u->buf;
+	op->mapped = u->part_size;
 	op->len = u->used;
 	op->req.body = op->buf;
 	op->req.body_len = op->len;
@@ -167,7 +189,7 @@ static void claims_s3_free(struct claims_s3_upload *u)
 {
 	claims_s3_drop_waiting(u);
 	claims_active_remove(u->head.key);
-	free(u->buf);
+	claims_s3_buf_free(u->buf, u->part_size);
 	free(u->upload_id);
 	free(u->etags);
 	free(u);
@@ -376,7 +398,7 @@ static int claims_s3_write(struct claims_upload *up, const void *data, size_t le
 	while (len > 0) {
 		size_t n;
 
-		if (u->buf == NULL && (u->buf = malloc(u->part_size)) == NULL) {
+		if (u->buf == NULL && (u->buf = claims_s3_buf_new(u->part_size)) == NULL) {
 			u->failed = 1;
 			return -1;
 		}
@@ -412,6 +434,7 @@ static int claims_s3_finish(struct claims_upload *up)
 			return -1;
 		}
 		op->buf = u->buf;
+		op->mapped = op->buf ? u->part_size : 0;
 		op->len = u->used;
 		op->req.body = op->buf;
 		op->req.body_len = op->len;
@@ -489,7 +512,7 @@ struct claims_s3_read {
 static void claims_s3_read_free(struct claims_s3_read *r)
 {
 	s3_req_clear(&r->req);
-	free(r->buf);
+	claims_s3_buf_free(r->buf, CLAIMS_S3_READ_CHUNK);
 	free(r);
 }
 
@@ -585,7 +608,7 @@ static void claims_s3_read_next(struct claims_read *rd)
 	struct claims_s3_read *r = (struct claims_s3_read *)(void *)rd;
 	uint64_t want = r->size - r->offset;
 
-	if (want == 0 || (r->buf == NULL && (r->buf = malloc(CLAIMS_S3_READ_CHUNK)) == NULL) ||
+	if (want == 0 || (r->buf == NULL && (r->buf = claims_s3_buf_new(CLAIMS_S3_READ_CHUNK)) == NULL) ||
 	    claims_s3_read_send(r, "GET") != 0) {
 		/* The end (or no memory: a short answer): said from the loop. */
 		r->eof = want == 0;

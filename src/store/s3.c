@@ -226,6 +226,23 @@ static struct curl_slist *s3_header(struct curl_slist *l, const char *name, cons
 	return n;
 }
 
+char *s3_request_path(const char *bucket, const char *key, int path_style)
+{
+	size_t klen = key ? strlen(key) : 0;
+	size_t plen = 2 + strlen(bucket) + 1 + sigv4_encode(NULL, 0, key ? key : "", klen, 1);
+	char *path = malloc(plen + 1);
+	size_t n;
+
+	if (path == NULL)
+		return NULL;
+	if (path_style)
+		n = (size_t)snprintf(path, plen + 1, "/%s%s", bucket, key ? "/" : "");
+	else
+		n = (size_t)snprintf(path, plen + 1, "/");
+	sigv4_encode(path + n, plen + 1 - n, key ? key : "", klen, 1);
+	return path;
+}
+
 /* Build, sign and hand one attempt of r to the multi handle. */
 static int s3_start(struct s3_req *r, uint64_t deadline)
 {
@@ -235,7 +252,7 @@ static int s3_start(struct s3_req *r, uint64_t deadline)
 	struct sigv4_request sr;
 	char date[SIGV4_DATE_LEN + 1], hash[SIGV4_HASH_LEN + 1], host[400], range[64];
 	char auth[1024], *path = NULL, *query = NULL, *url = NULL;
-	size_t plen, klen = r->key ? strlen(r->key) : 0, ulen;
+	size_t ulen;
 	struct curl_slist *hl = NULL;
 	int i, nh = 0, failed = 0;
 	uint64_t now = s3_now_ms();
@@ -253,23 +270,13 @@ static int s3_start(struct s3_req *r, uint64_t deadline)
 	r->sent = 0;
 	r->overflow = 0;
 	r->attempts++;
-	/* The path: /bucket/key (path style) or /key on bucket.host, the key
-	 * encoded as SigV4 asks ('/' kept), the same bytes sent and signed. */
-	plen = 2 + strlen(r->bucket) + 1 + sigv4_encode(NULL, 0, r->key ? r->key : "", klen, 1);
-	path = malloc(plen + 1);
+	path = s3_request_path(r->bucket, r->key, s3_set.path_style);
 	if (path == NULL)
 		return -1;
-	if (s3_set.path_style) {
-		size_t n =
-		    (size_t)snprintf(path, plen + 1, "/%s%s", r->bucket, r->key ? "/" : "");
-
-		sigv4_encode(path + n, plen + 1 - n, r->key ? r->key : "", klen, 1);
+	if (s3_set.path_style)
 		snprintf(host, sizeof(host), "%s", s3_host);
-	} else {
-		path[0] = '/';
-		sigv4_encode(path + 1, plen, r->key ? r->key : "", klen, 1);
+	else
 		snprintf(host, sizeof(host), "%s.%s", r->bucket, s3_host);
-	}
 	for (i = 0; i < r->nquery; i++) {
 		q[i].name = r->query[i].name;
 		q[i].value = r->query[i].value;

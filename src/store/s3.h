@@ -92,6 +92,11 @@ void s3_run_wait(struct s3_req *r);
 /* 2xx answered. */
 int s3_ok(const struct s3_req *r);
 
+/* The path a request for key (NULL: the bucket) in bucket is sent to and
+ * signed with: /BUCKET/KEY in path style, else /KEY; the key encoded as
+ * SigV4 asks, '/' kept. malloc'd. */
+char *s3_request_path(const char *bucket, const char *key, int path_style);
+
 /* The text of the first <tag>...</tag> at or after from in xml (entities
  * decoded) into out; returns a pointer past the closing tag or NULL. */
 const char *s3_xml_get(const char *xml, const char *tag, char *out, size_t outlen);
