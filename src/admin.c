@@ -565,8 +565,7 @@ static void admin_rules(struct evhttp_request *req, void *arg)
 			    out,
 			    ", \"claim_check\": {\"threshold\": %ld, \"store\": \"%s\", "
 			    "\"retention_s\": %ld, \"on_missing\": \"%s\"}",
-			    v->claim_check.threshold,
-			    rules_store_name(v->claim_check.store),
+			    v->claim_check.threshold, rules_store_name(v->claim_check.store),
 			    v->claim_check.retention_s,
 			    v->claim_check.on_missing == RULES_MISSING_PASS ? "pass"
 									    : "dead-letter");

@@ -12,10 +12,10 @@
 
 #include <pthread.h>
 #include <stddef.h>
-#include <sys/mman.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #define CLAIMS_S3_OBJECT     (256 + CLAIMS_KEY_LEN + 1)
@@ -36,10 +36,10 @@ struct claims_s3_op {
 	struct s3_req req; /* first: its worker_call is the op's */
 	struct claims_s3_upload *u;
 	enum claims_s3_kind kind;
-	uint8_t *buf; /* owned: the part's bytes (mapped) or the XML sent */
-	size_t len;   /* payload bytes it carries */
+	uint8_t *buf;  /* owned: the part's bytes (mapped) or the XML sent */
+	size_t len;    /* payload bytes it carries */
 	size_t mapped; /* buf is a mapping of this many bytes (else malloc'd) */
-	int number;   /* part number */
+	int number;    /* part number */
 	struct claims_s3_op *next;
 };
 
@@ -608,7 +608,8 @@ static void claims_s3_read_next(struct claims_read *rd)
 	struct claims_s3_read *r = (struct claims_s3_read *)(void *)rd;
 	uint64_t want = r->size - r->offset;
 
-	if (want == 0 || (r->buf == NULL && (r->buf = claims_s3_buf_new(CLAIMS_S3_READ_CHUNK)) == NULL) ||
+	if (want == 0 ||
+	    (r->buf == NULL && (r->buf = claims_s3_buf_new(CLAIMS_S3_READ_CHUNK)) == NULL) ||
 	    claims_s3_read_send(r, "GET") != 0) {
 		/* The end (or no memory: a short answer): said from the loop. */
 		r->eof = want == 0;
