@@ -178,8 +178,16 @@ struct claims_upload *claims_upload_begin(const struct claims_where *where, stru
 
 void claims_upload_set_type(struct claims_upload *u, const void *type, size_t len)
 {
+	const uint8_t *t = type;
+	size_t i;
+
+	/* It becomes an HTTP header: printable ASCII only, else none. */
+	u->content_type[0] = 0;
 	if (len >= sizeof(u->content_type))
-		len = sizeof(u->content_type) - 1;
+		return;
+	for (i = 0; i < len; i++)
+		if (t[i] < 0x20 || t[i] > 0x7e)
+			return;
 	memcpy(u->content_type, type, len);
 	u->content_type[len] = 0;
 }

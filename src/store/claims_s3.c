@@ -26,6 +26,7 @@
 #define CLAIMS_S3_BATCH      16                 /* deletes in flight at once */
 #define CLAIMS_S3_STALE_S    86400              /* a multipart upload this old is a leftover */
 #define CLAIMS_S3_MAX_PARTS  10000              /* S3's limit */
+#define CLAIMS_S3_STAT_MS    2000               /* GET /claims waits at most this */
 
 enum claims_s3_kind { S3_CREATE, S3_PART, S3_PUT, S3_COMPLETE, S3_ABORT, S3_DELETE };
 
@@ -653,6 +654,8 @@ static int claims_s3_stat(const struct claims_where *where, const char *key, uin
 	s3_req_init(&r, "HEAD", where->bucket, object);
 	if (r.key == NULL)
 		return STATE_IO;
+	/* An operator's lookup, answered on the admin's loop: short. */
+	r.timeout_ms = CLAIMS_S3_STAT_MS;
 	s3_run(&r);
 	if (s3_ok(&r)) {
 		*size = r.content_length;

@@ -441,7 +441,11 @@ static void *s3_main(void *arg)
 			r->next = NULL;
 			/* The first attempt fixes the deadline; retries keep it. */
 			if (r->attempts == 0)
-				r->deadline_ms = now + (uint64_t)s3_set.timeout_ms;
+				r->deadline_ms =
+				    now + (uint64_t)(r->timeout_ms > 0 &&
+							     r->timeout_ms < s3_set.timeout_ms
+							 ? r->timeout_ms
+							 : s3_set.timeout_ms);
 			if (s3_start(r, r->deadline_ms) != 0) {
 				snprintf(r->curl_error, sizeof(r->curl_error),
 					 "the request could not be built");

@@ -52,7 +52,8 @@ struct s3_req {
 	uint64_t range_from, range_to; /* inclusive */
 	const uint8_t *body;           /* PUT/POST body (not owned), body_len bytes */
 	size_t body_len;
-	uint8_t *out; /* a 2xx GET's bytes go here, at most out_cap */
+	long timeout_ms; /* 0: s3_timeout_ms; else the shorter of the two */
+	uint8_t *out;    /* a 2xx GET's bytes go here, at most out_cap */
 	size_t out_cap;
 	/* ---- the answer ---- */
 	long status; /* HTTP status; 0: no answer (curl_error says why) */

@@ -378,3 +378,28 @@ def test_server_errors_are_retried(broker, s3, front, proxies):
         ch.queue_delete(q)
     assert front.failed - failed0 == 2
     assert m is not None and m[2] == body
+
+
+def test_content_type_kept_and_never_a_header_injection(broker, s3, front, proxies):
+    """The object carries the message's content type, for the single PUT
+    and for a multipart upload; one with a CR LF in it is not sent as a
+    header (the object gets the store's default)."""
+    pfx = prefix()
+    p = proxies("http://127.0.0.1:%d" % front.port, s3_rule(pfx))
+    q = qname()
+    keys = []
+    with p.connect() as c:
+        ch = c.channel()
+        ch.queue_declare(q)
+        ch.confirm_delivery()
+        for ctype, size in (("application/pdf", 100000), ("image/tiff", 9 << 20),
+                            ("text/plain\r\nx-amz-meta-evil: 1", 100000)):
+            ch.basic_publish("", q, os.urandom(size), pika.BasicProperties(content_type=ctype))
+            m = get_one(direct_conn().channel(), q)
+            keys.append(framed_key(m[2]))
+        ch.queue_delete(q)
+    s3c = boto_client(s3.port)
+    heads = [s3c.head_object(Bucket=BUCKET, Key=pfx + k) for k in keys]
+    assert heads[0]["ContentType"] == "application/pdf"
+    assert heads[1]["ContentType"] == "image/tiff"
+    assert heads[2]["ContentType"] != "text/plain" and "evil" not in heads[2]["Metadata"]
