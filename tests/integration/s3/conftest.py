@@ -133,6 +133,11 @@ class Proxy:
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read() or b"{}")
 
+    def get_text(self, path):
+        with urllib.request.urlopen("http://127.0.0.1:%d%s" % (self.admin, path),
+                                    timeout=30) as r:
+            return r.read().decode()
+
     def stop(self):
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)

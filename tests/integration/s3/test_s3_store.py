@@ -358,7 +358,10 @@ def test_forbidden_store_refuses_the_publish(broker, s3, front, proxies):
     assert m is not None and m[2] == b"small: not offloaded"
     assert len(front.rejected) > n0
     assert s3.objects(pfx) == []
-    assert "wrong" not in p.stderr()
+    # The secret is never shown nor logged.
+    config = p.get_text("/config")
+    assert "s3_secret_key = (set, not shown)" in config, config
+    assert "wrong" not in config and "wrong" not in p.stderr()
 
 
 def test_server_errors_are_retried(broker, s3, front, proxies):
