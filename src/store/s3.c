@@ -377,6 +377,24 @@ static void s3_complete(struct s3_req *r)
 	pthread_mutex_unlock(&s3_lock);
 }
 
+/* Transport errors worth another try; a certificate or a URL that is
+ * wrong stays wrong. */
+static int s3_retryable(CURLcode rc)
+{
+	switch (rc) {
+	case CURLE_PEER_FAILED_VERIFICATION:
+	case CURLE_SSL_CACERT_BADFILE:
+	case CURLE_SSL_CERTPROBLEM:
+	case CURLE_URL_MALFORMAT:
+	case CURLE_UNSUPPORTED_PROTOCOL:
+	case CURLE_COULDNT_RESOLVE_HOST:
+	case CURLE_WRITE_ERROR:
+		return 0;
+	default:
+		return rc != CURLE_OK;
+	}
+}
+
 /* The attempt ended: done, or queued again after a pause. */
 static void s3_ended(struct s3_req *r, CURLcode rc, uint64_t deadline)
 {
@@ -395,7 +413,7 @@ static void s3_ended(struct s3_req *r, CURLcode rc, uint64_t deadline)
 	if (rc != CURLE_OK && r->curl_error[0] == 0)
 		snprintf(r->curl_error, sizeof(r->curl_error), "%s", curl_easy_strerror(rc));
 	pause = (uint64_t)S3_BACKOFF_MS << (r->attempts - 1);
-	if (((rc != CURLE_OK && !r->overflow) || r->status >= 500) &&
+	if (((s3_retryable(rc) && !r->overflow) || r->status >= 500) &&
 	    r->attempts < S3_ATTEMPTS && now + pause < deadline) {
 		log_debug("s3: %s %s/%s: %s; retried in %llu ms", r->method, r->bucket,
 			  r->key ? r->key : "",

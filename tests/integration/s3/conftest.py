@@ -29,7 +29,8 @@ ACCESS = SECRET = "S3RVER"  # s3rver's own key pair: it checks signatures too
 class S3rver:
     """npm's s3rver with one bucket; stop() and start() keep its data."""
 
-    def __init__(self):
+    def __init__(self, tls=None):
+        self.tls = tls  # (key, cert): s3rver speaks HTTPS
         self.dir = tempfile.mkdtemp(prefix="acemq-s3-")
         self.port = support.free_port()
         self.log = tempfile.NamedTemporaryFile("w+", prefix="acemq-s3rver-", suffix=".log",
@@ -43,7 +44,8 @@ class S3rver:
         env = dict(os.environ, NODE_OPTIONS="--openssl-legacy-provider")
         self.proc = subprocess.Popen(
             [S3RVER, "-d", self.dir, "-a", "127.0.0.1", "-p", str(self.port), "--silent",
-             "--no-vhost-buckets", "--configure-bucket", BUCKET],
+             "--no-vhost-buckets", "--configure-bucket", BUCKET]
+            + (["--key", self.tls[0], "--cert", self.tls[1]] if self.tls else []),
             stdout=self.log, stderr=self.log, env=env)
         if not support.wait_until(lambda: support.port_accepts(self.port), 20):
             raise AssertionError("s3rver did not start: " + open(self.log.name).read())

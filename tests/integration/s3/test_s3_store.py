@@ -11,7 +11,7 @@ import uuid
 import pika
 import pytest
 
-from conftest import BUCKET, SANITIZED, s3_rule
+from conftest import BUCKET, SANITIZED, S3rver, s3_rule
 
 
 def qname():
@@ -406,3 +406,37 @@ def test_content_type_kept_and_never_a_header_injection(broker, s3, front, proxi
     assert heads[0]["ContentType"] == "application/pdf"
     assert heads[1]["ContentType"] == "image/tiff"
     assert heads[2]["ContentType"] != "text/plain" and "evil" not in heads[2]["Metadata"]
+
+
+def test_tls_endpoint_verified_against_s3_ca(broker, proxies, tmp_path):
+    """An https endpoint whose certificate is signed by a CA of our own:
+    with s3_ca naming it the payload goes and comes back; without it the
+    system's store does not know the CA and the publish is refused."""
+    import subprocess
+    key, cert = str(tmp_path / "key.pem"), str(tmp_path / "cert.pem")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key,
+                    "-out", cert, "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    s3 = S3rver(tls=(key, cert))
+    try:
+        pfx = prefix()
+        ep = "https://127.0.0.1:%d" % s3.port
+        good = proxies(ep, s3_rule(pfx), settings={"s3_ca": cert})
+        bad = proxies(ep, s3_rule(pfx))
+        q, body = qname(), os.urandom(300000)
+        with good.connect() as c:
+            ch = c.channel()
+            ch.queue_declare(q)
+            ch.confirm_delivery()
+            ch.basic_publish("", q, body)
+            m = get_one(ch, q)
+        assert m is not None and m[2] == body
+        with bad.connect() as c:
+            ch = c.channel()
+            ch.confirm_delivery()
+            with pytest.raises(pika.exceptions.NackError):
+                ch.basic_publish("", q, body)
+            ch.queue_delete(q)
+        assert len(s3.objects(pfx)) == 1
+    finally:
+        s3.close()
