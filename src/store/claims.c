@@ -188,7 +188,8 @@ void claims_upload_set_type(struct claims_upload *u, const void *type, size_t le
 	for (i = 0; i < len; i++)
 		if (t[i] < 0x20 || t[i] > 0x7e)
 			return;
-	memcpy(u->content_type, type, len);
+	if (len)
+		memcpy(u->content_type, type, len);
 	u->content_type[len] = 0;
 }
 

@@ -124,7 +124,7 @@ char *sigv4_query_string(const struct sigv4_param *q, int n, int canonical)
 		if (p[i].name == NULL || (q[i].value && p[i].value == NULL))
 			b.failed = 1;
 	}
-	if (!b.failed)
+	if (!b.failed && n > 1)
 		qsort(p, (size_t)n, sizeof(*p), sigv4_pair_cmp);
 	for (i = 0; i < n && !b.failed; i++) {
 		if (i > 0)
