@@ -243,6 +243,31 @@ START_TEST(dedup_publish_keys)
 }
 END_TEST
 
+START_TEST(s3_store)
+{
+	const struct rules_vhost *v;
+	struct rules *r;
+	int n;
+
+	fresh_dir();
+	put("s.json", "{\"vhost\": \"s\", \"claim_check\": {\"match\": [], \"store\": "
+		      "{\"type\": \"s3\", \"bucket\": \"acemq-claims\", \"prefix\": "
+		      "\"claims/\"}}}");
+	put("t.json", "{\"vhost\": \"t\", \"claim_check\": {\"match\": [], \"store\": "
+		      "{\"type\": \"s3\", \"bucket\": \"b.c-d\"}}}");
+	r = load(&n);
+	ck_assert_msg(r != NULL, "%s", errbuf);
+	v = rules_vhost(r, "s");
+	ck_assert_int_eq(v->claim_check.store, RULES_STORE_S3);
+	ck_assert_str_eq(v->claim_check.store_bucket, "acemq-claims");
+	ck_assert_str_eq(v->claim_check.store_prefix, "claims/");
+	ck_assert_str_eq(rules_store_name(v->claim_check.store), "s3");
+	v = rules_vhost(r, "t");
+	ck_assert_str_eq(v->claim_check.store_prefix, "");
+	rules_unref(r);
+}
+END_TEST
+
 START_TEST(duplicate_vhost_refused)
 {
 	struct rules *r;
@@ -413,6 +438,7 @@ int main(void)
 	tcase_add_test(tc, design_example_loads);
 	tcase_add_test(tc, refusals);
 	tcase_add_test(tc, dedup_publish_keys);
+	tcase_add_test(tc, s3_store);
 	tcase_add_test(tc, duplicate_vhost_refused);
 	tcase_add_test(tc, every_error_reported);
 	tcase_add_test(tc, missing_directory);
