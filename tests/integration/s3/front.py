@@ -54,6 +54,7 @@ class Front:
         self.verified, self.rejected, self.shapes = 0, [], set()
         self.fail_next = 0  # answer this many requests 503 (a flaky store)
         self.failed = 0
+        self.connections = 0  # TCP connections accepted
         self.lock = threading.Lock()
         front = self
 
@@ -62,6 +63,11 @@ class Front:
 
             def log_message(self, *a):
                 pass
+
+            def setup(self):
+                super().setup()
+                with front.lock:
+                    front.connections += 1
 
             def do_any(self):
                 front.handle(self)

@@ -57,7 +57,7 @@ def test_twenty_mib_through_the_verifying_front(broker, s3, front, proxies):
     the payload with the message's content type."""
     pfx = prefix()
     p = proxies("http://127.0.0.1:%d" % front.port, s3_rule(pfx))
-    rejected0 = len(front.rejected)
+    rejected0, conns0, verified0 = len(front.rejected), front.connections, front.verified
     big, small = os.urandom(20 << 20), os.urandom(100000)
     q = qname()
     with p.connect() as c:
@@ -84,6 +84,9 @@ def test_twenty_mib_through_the_verifying_front(broker, s3, front, proxies):
     for s in ("PUT", "POST?uploads", "PUT?partNumber&uploadId", "POST?uploadId", "HEAD",
               "GET +range"):
         assert s in front.shapes, (s, front.shapes)
+    # Connections are kept alive and reused: far fewer than requests.
+    requests, conns = front.verified - verified0, front.connections - conns0
+    assert requests >= 15 and conns <= 4, (requests, conns)
 
 
 def direct_conn():
