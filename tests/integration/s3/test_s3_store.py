@@ -443,3 +443,24 @@ def test_tls_endpoint_verified_against_s3_ca(broker, proxies, tmp_path):
         assert len(s3.objects(pfx)) == 1
     finally:
         s3.close()
+
+
+def test_janitor_aborts_stale_multipart_uploads(broker, s3, front, proxies):
+    """A multipart upload under the prefix started more than a day ago (what
+    a crash mid-upload leaves) is aborted by the janitor; a recent one, and
+    one whose key is not a claim key, are left alone."""
+    pfx = prefix()
+    s3c = boto_client(s3.port)
+    stale = s3c.create_multipart_upload(Bucket=BUCKET, Key=pfx + uuid.uuid4().hex)["UploadId"]
+    fresh = s3c.create_multipart_upload(Bucket=BUCKET, Key=pfx + uuid.uuid4().hex)["UploadId"]
+    other = s3c.create_multipart_upload(Bucket=BUCKET, Key=pfx + "video.mp4")["UploadId"]
+    old = time.time() - 2 * 86400
+    for uid in (stale, other):
+        os.utime(os.path.join(front.uploads_dir(BUCKET), uid), (old, old))
+    proxies("http://127.0.0.1:%d" % front.port, s3_rule(pfx, retention_s=0),
+            settings={"purge_interval_s": "1"})
+    assert support_wait(lambda: stale not in [u for _, u, _ in front.open_uploads(BUCKET, pfx)],
+                        30)
+    time.sleep(1.5)  # another run: the others stay
+    left = sorted(u for _, u, _ in front.open_uploads(BUCKET, pfx))
+    assert left == sorted([fresh, other])
