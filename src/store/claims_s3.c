@@ -340,6 +340,9 @@ static void claims_s3_op_done(struct worker_call *c)
 		if (ok && op->kind == S3_COMPLETE && op->req.text &&
 		    strstr(op->req.text, "<Error>"))
 			ok = 0;
+		/* A 4xx answer stored nothing: nothing to delete after it. */
+		if (!ok && op->req.status >= 400 && op->req.status < 500)
+			u->stored = 0;
 		if (ok) {
 			u->durable = 1;
 			u->completed = 1;

@@ -464,3 +464,26 @@ def test_janitor_aborts_stale_multipart_uploads(broker, s3, front, proxies):
     time.sleep(1.5)  # another run: the others stay
     left = sorted(u for _, u, _ in front.open_uploads(BUCKET, pfx))
     assert left == sorted([fresh, other])
+
+
+def test_refused_without_confirms_closes_the_channel_541(broker, s3, front, proxies):
+    """Without publisher confirms a publish the store refuses closes the
+    publisher's channel with 541; nothing reaches the queue."""
+    pfx = prefix()
+    p = proxies("http://127.0.0.1:%d" % front.port, s3_rule(pfx),
+                settings={"s3_secret_key": "wrong"})
+    q = qname()
+    with p.connect() as c:
+        ch = c.channel()
+        ch.queue_declare(q)
+        ch.basic_publish("", q, os.urandom(100000))
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as e:
+            ch.queue_declare(q, passive=True)
+            time.sleep(1)
+            ch.queue_declare(q, passive=True)
+        assert e.value.reply_code == 541
+        ch2 = c.channel()
+        assert ch2.queue_declare(q, passive=True).method.message_count == 0
+        ch2.queue_delete(q)
+    # A 403 stored nothing: no DELETE is sent after it.
+    assert "removing" not in p.stderr()
