@@ -109,6 +109,9 @@ class Proxy:
         if not support.wait_until(lambda: support.port_accepts(self.port)
                                   or self.proc.poll() is not None, 10) \
                 or self.proc.poll() is not None:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
             raise AssertionError("proxy did not start:\n" + self.stderr())
 
     def stderr(self):
