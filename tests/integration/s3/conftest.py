@@ -75,6 +75,8 @@ class S3rver:
     def close(self):
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
+        self.log.close()
+        os.unlink(self.log.name)
 
 
 class Proxy:
