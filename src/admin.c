@@ -144,8 +144,7 @@ static void admin_claims(struct evhttp_request *req, const char *rest)
 	}
 	claims_where(&where, vhost, &v->claim_check);
 	rc = claims_stat(&where, key, &size, &created);
-	evbuffer_add_printf(out, ", \"store\": \"%s\"",
-			    where.filesystem ? "filesystem" : "lmdb");
+	evbuffer_add_printf(out, ", \"store\": \"%s\"", claims_store_name(&where));
 	if (rc == 0) {
 		uint64_t now = state_now_ms();
 		evbuffer_add_printf(
@@ -568,9 +567,7 @@ static void admin_rules(struct evhttp_request *req, void *arg)
 			    out,
 			    ", \"claim_check\": {\"threshold\": %ld, \"store\": \"%s\", "
 			    "\"retention_s\": %ld, \"on_missing\": \"%s\"}",
-			    v->claim_check.threshold,
-			    v->claim_check.store == RULES_STORE_FILESYSTEM ? "filesystem"
-									   : "lmdb",
+			    v->claim_check.threshold, rules_store_name(v->claim_check.store),
 			    v->claim_check.retention_s,
 			    v->claim_check.on_missing == RULES_MISSING_PASS ? "pass"
 									    : "dead-letter");

@@ -78,7 +78,24 @@
 	X(IO_THREADS, "io_threads", CFG_INT, "4", 1, 64,                                     \
 	  "threads for store reads and filesystem writes")                                   \
 	X(PURGE_INTERVAL_S, "purge_interval_s", CFG_INT, "3600", 0, 86400,                   \
-	  "how often claim payloads past their retention are removed (0: never)")
+	  "how often claim payloads past their retention are removed (0: never)")            \
+	X(S3_ENDPOINT, "s3_endpoint", CFG_STR, "", 0, 0,                                     \
+	  "S3 claim stores: scheme://host[:port] (empty: https://s3.REGION.amazonaws.com)")  \
+	X(S3_REGION, "s3_region", CFG_STR, "us-east-1", 0, 0,                                \
+	  "S3 claim stores: the region requests are signed for")                             \
+	X(S3_ACCESS_KEY, "s3_access_key", CFG_STR, "", 0, 0,                                 \
+	  "S3 claim stores: the access key id")                                              \
+	X(S3_SECRET_KEY, "s3_secret_key", CFG_SECRET, "", 0, 0,                              \
+	  "S3 claim stores: the secret access key")                                          \
+	X(S3_PATH_STYLE, "s3_path_style", CFG_INT, "-1", -1, 1,                              \
+	  "S3 claim stores: 1 HOST/BUCKET/KEY, 0 BUCKET.HOST/KEY, -1: 1 for a custom "       \
+	  "endpoint")                                                                        \
+	X(S3_TIMEOUT_MS, "s3_timeout_ms", CFG_INT, "30000", 100, 3600000,                    \
+	  "S3 claim stores: time one request may take, its retries included")                \
+	X(S3_CA, "s3_ca", CFG_STR, "", 0, 0,                                                 \
+	  "S3 claim stores: CA certificates for the endpoint (PEM; empty: the system's)")    \
+	X(S3_PART_SIZE, "s3_part_size", CFG_INT, "8388608", 5242880, 1073741824,             \
+	  "S3 claim stores: bytes per part; a larger payload is a multipart upload")
 
 enum config_id {
 #define CONFIG_ENUM(id, name, type, def, min, max, help) CFG_##id,

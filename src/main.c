@@ -13,6 +13,7 @@
 #include "probe.h"
 #include "rules.h"
 #include "store/claims.h"
+#include "store/s3.h"
 #include "store/state.h"
 #include "tls.h"
 #include "upstream.h"
@@ -229,6 +230,7 @@ int main(int argc, char **argv)
 		idempotency_init(state);
 		dedup_publish_init(state);
 	}
+	s3_configure_from(&cfg);
 	if (jobs_start((int)config_num(&cfg, CFG_IO_THREADS)) != 0) {
 		log_error("cannot start the I/O threads");
 		return 1;
@@ -300,6 +302,7 @@ int main(int argc, char **argv)
 	}
 	janitor_stop();
 	jobs_stop();
+	s3_stop();
 	tls_free();
 	state_close(state);
 	rules_unref(main_rules);

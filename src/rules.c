@@ -193,12 +193,38 @@ static void rules_parse_match(struct rules_ctx *c, const cJSON *obj, const char 
 	}
 }
 
+/* {"type": "s3", "bucket": "...", "prefix": "claims/"}: a bucket name as S3
+ * allows one (3-63 of a-z 0-9 . -); the prefix at most 255 bytes. */
+static void rules_parse_s3_store(struct rules_ctx *c, const cJSON *store,
+				 struct rules_claim_check *cc)
+{
+	const char *b;
+
+	cc->store_bucket = rules_string(c, store, "claim_check.store", "bucket", 1);
+	cc->store_prefix = rules_string(c, store, "claim_check.store", "prefix", 0);
+	if (cc->store_prefix == NULL)
+		cc->store_prefix = strdup("");
+	b = cc->store_bucket;
+	if (b && (strlen(b) < 3 || strlen(b) > 63 ||
+		  strspn(b, "abcdefghijklmnopqrstuvwxyz0123456789.-") != strlen(b)))
+		rules_error(c, "claim_check.store.bucket", "'%s' is not a bucket name", b);
+	if (cc->store_prefix && strlen(cc->store_prefix) > 255)
+		rules_error(c, "claim_check.store.prefix", "longer than 255 bytes");
+}
+
+const char *rules_store_name(enum rules_store store)
+{
+	return store == RULES_STORE_S3           ? "s3"
+	       : store == RULES_STORE_FILESYSTEM ? "filesystem"
+						 : "lmdb";
+}
+
 static void rules_parse_claim_check(struct rules_ctx *c, const cJSON *obj,
 				    struct rules_claim_check *cc)
 {
 	static const char *const keys[] = {"match",       "threshold",  "store",
 					   "retention_s", "on_missing", NULL};
-	static const char *const store_keys[] = {"type", "path", NULL};
+	static const char *const store_keys[] = {"type", "path", "bucket", "prefix", NULL};
 	const cJSON *store;
 	char *s;
 
@@ -219,12 +245,20 @@ static void rules_parse_claim_check(struct rules_ctx *c, const cJSON *obj,
 			if (cc->store_path && cc->store_path[0] != '/')
 				rules_error(c, "claim_check.store.path",
 					    "must be an absolute path");
+		} else if (s && strcmp(s, "s3") == 0) {
+			cc->store = RULES_STORE_S3;
+			rules_parse_s3_store(c, store, cc);
 		} else if (s && strcmp(s, "lmdb") != 0) {
 			rules_error(c, "claim_check.store.type",
-				    "'%s' is not lmdb or filesystem", s);
+				    "'%s' is not lmdb, filesystem or s3", s);
 		} else if (cJSON_GetObjectItemCaseSensitive(store, "path")) {
 			rules_error(c, "claim_check.store.path", "only for type filesystem");
 		}
+		if (cc->store != RULES_STORE_S3 &&
+		    (cJSON_GetObjectItemCaseSensitive(store, "bucket") ||
+		     cJSON_GetObjectItemCaseSensitive(store, "prefix")))
+			rules_error(c, "claim_check.store",
+				    "bucket and prefix are only for type s3");
 		free(s);
 	}
 	cc->on_missing = RULES_MISSING_DEAD_LETTER;
@@ -327,6 +361,8 @@ static void rules_vhost_free(struct rules_vhost *v)
 	free(v->file);
 	rules_matchlist_free(&v->claim_check.match);
 	free(v->claim_check.store_path);
+	free(v->claim_check.store_bucket);
+	free(v->claim_check.store_prefix);
 	rules_matchlist_free(&v->schedule.match);
 	free(v->schedule.header);
 	rules_matchlist_free(&v->dedup_publish.match);

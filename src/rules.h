@@ -20,7 +20,7 @@ struct rules_matchlist {
 	int n;
 };
 
-enum rules_store { RULES_STORE_LMDB, RULES_STORE_FILESYSTEM };
+enum rules_store { RULES_STORE_LMDB, RULES_STORE_FILESYSTEM, RULES_STORE_S3 };
 enum rules_on_missing { RULES_MISSING_DEAD_LETTER, RULES_MISSING_PASS };
 enum rules_key { RULES_KEY_MESSAGE_ID, RULES_KEY_HEADER, RULES_KEY_JSON };
 
@@ -30,6 +30,8 @@ struct rules_claim_check {
 	long threshold;
 	enum rules_store store;
 	char *store_path;
+	char *store_bucket; /* s3 */
+	char *store_prefix; /* s3: before each key ("" when none) */
 	long retention_s;
 	enum rules_on_missing on_missing;
 };
@@ -83,6 +85,8 @@ struct rules *rules_load(const char *dir, FILE *err, int *nerrors);
 void rules_ref(struct rules *r);
 void rules_unref(struct rules *r);
 const struct rules_vhost *rules_vhost(const struct rules *r, const char *vhost);
+/* "lmdb", "filesystem" or "s3". */
+const char *rules_store_name(enum rules_store store);
 /* Does a publish to exchange/routing key match the list? */
 int rules_matches(const struct rules_matchlist *m, const char *exchange, size_t elen,
 		  const char *rk, size_t rklen);

@@ -20,10 +20,8 @@
 #define CLAIM_CHECK_MAGIC1     0x01
 #define CLAIM_CHECK_TAG_INLINE 0x00
 #define CLAIM_CHECK_TAG_REF    0x01
-#define CLAIM_CHECK_MAX_KEY    255                /* what a reference may carry */
-#define CLAIM_CHECK_INLINE_MIN 65536              /* inline bodies looked at, at least */
-#define CLAIM_CHECK_HIGH       (4u * 1024 * 1024) /* upload backlog that pauses the client */
-#define CLAIM_CHECK_LOW        (1u * 1024 * 1024)
+#define CLAIM_CHECK_MAX_KEY    255   /* what a reference may carry */
+#define CLAIM_CHECK_INLINE_MIN 65536 /* inline bodies looked at, at least */
 
 /* A publish whose body goes to the store. While streaming, m belongs to
  * its channel; once the publish waits for durability it belongs here. */
@@ -194,7 +192,7 @@ static void claim_check_up_progress_in(struct pipeline *p, void *arg)
 {
 	struct claim_check_up *up = arg;
 
-	if (up->held && claims_upload_pending(up->u) <= CLAIM_CHECK_LOW) {
+	if (up->held && claims_upload_relieved(up->u)) {
 		up->held = 0;
 		pipeline_wake(p, DIR_TO_BROKER);
 	}
@@ -280,6 +278,9 @@ static int claim_check_stream_begin(void *state, struct pipeline *p, struct chan
 	up->channel = ch->id;
 	up->u = claims_upload_begin(&cc->where, p->w, claim_check_up_progress,
 				    claim_check_up_done, up);
+	if (up->u && m->props && (m->props->_flags & AMQP_BASIC_CONTENT_TYPE_FLAG))
+		claims_upload_set_type(up->u, m->props->content_type.bytes,
+				       m->props->content_type.len);
 	/* Without an upload the publish is refused at the end. */
 	list_add(&up->link, &cc->ups);
 	return 1;
@@ -326,7 +327,7 @@ static int claim_check_stream_body(void *state, struct pipeline *p, struct chann
 		return claim_check_keep(m, data, len);
 	if (up->u == NULL || claims_upload_write(up->u, data, len) != 0)
 		return 0; /* refused at the end; the rest of the body is dropped */
-	if (!up->held && claims_upload_pending(up->u) >= CLAIM_CHECK_HIGH) {
+	if (!up->held && claims_upload_congested(up->u)) {
 		up->held = 1;
 		pipeline_hold(p, DIR_TO_BROKER);
 	}

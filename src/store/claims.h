@@ -1,6 +1,7 @@
 /* claims: where claim-check payloads live, per vhost: in the state layer
- * (LMDB, the default) or in a filesystem directory. Payloads are written
- * in chunks as they arrive and read back in chunks; every write, fsync and
+ * (LMDB, the default), in a filesystem directory or in an S3 bucket; one
+ * interface whichever backend a vhost has. Payloads are written in chunks
+ * as they arrive and read back in chunks; every write, fsync, request and
  * read runs off the workers' loops, and each result comes back to the
  * worker that asked. */
 #ifndef ACEMQ_CLAIMS_H
@@ -18,9 +19,13 @@ struct rules_claim_check;
 #define CLAIMS_CHUNK   (1u << 20) /* bytes per stored chunk and per read */
 
 /* Where a vhost's payloads go (copied: rules may be reloaded meanwhile). */
+enum claims_type { CLAIMS_LMDB, CLAIMS_FILESYSTEM, CLAIMS_S3 };
+
 struct claims_where {
-	int filesystem;
-	char name[300]; /* LMDB: the database name; filesystem: the directory */
+	enum claims_type type;
+	char name[300];   /* LMDB: the database name; filesystem: the directory */
+	char bucket[64];  /* S3: the bucket */
+	char prefix[256]; /* S3: put before the key to name the object */
 };
 
 void claims_init(struct state *st);
@@ -29,6 +34,8 @@ void claims_where(struct claims_where *out, const char *vhost,
 		  const struct rules_claim_check *cc);
 /* Only the form claims_key_new issues: 32 lowercase hex digits. */
 int claims_key_valid(const uint8_t *key, size_t len);
+/* The backend's name: "lmdb", "filesystem" or "s3". */
+const char *claims_store_name(const struct claims_where *where);
 
 /* ---- writing a payload ---- */
 
@@ -48,8 +55,15 @@ int claims_upload_write(struct claims_upload *u, const void *data, size_t len);
 int claims_upload_finish(struct claims_upload *u);
 /* Only inside done(): the payload is not wanted after all; it is removed. */
 void claims_upload_discard(struct claims_upload *u);
+/* The message's content type, for stores that keep it with the payload
+ * (before the first write). */
+void claims_upload_set_type(struct claims_upload *u, const void *type, size_t len);
 /* Bytes handed over and not yet durable. */
 size_t claims_upload_pending(const struct claims_upload *u);
+/* The backlog is at the store's high mark: pause the writer; then, below
+ * its low mark: go on. */
+int claims_upload_congested(const struct claims_upload *u);
+int claims_upload_relieved(const struct claims_upload *u);
 const char *claims_upload_key(const struct claims_upload *u);
 int claims_upload_failed(const struct claims_upload *u);
 /* The owner lets go: no more callbacks; an unfinished payload is removed;
@@ -78,7 +92,8 @@ void claims_read_abandon(struct claims_read *r);
 
 /* Blocking (never on a worker's loop): remove payloads older than
  * retention_s (0: keep them). With orphans (only before any upload can
- * start) also the chunks of uploads a crash cut short. Returns how many
+ * start) also the chunks of uploads a crash cut short. A bounded amount of
+ * work per call (what is left goes at the next). Returns how many
  * payloads were removed, or -1. */
 long claims_purge(const struct claims_where *where, long retention_s, int orphans);
 

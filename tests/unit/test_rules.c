@@ -143,8 +143,17 @@ START_TEST(refusals)
 	    "{\"vhost\": \"a\", \"claim_check\": {\"match\": [], \"on_missing\": \"drop\"}}",
 	    "claim_check.on_missing", "'drop' is not dead-letter or pass");
 	refused("{\"vhost\": \"a\", \"claim_check\": {\"match\": [], \"store\": {\"type\": "
+		"\"gcs\"}}}",
+		"claim_check.store.type", "'gcs' is not lmdb, filesystem or s3");
+	refused("{\"vhost\": \"a\", \"claim_check\": {\"match\": [], \"store\": {\"type\": "
 		"\"s3\"}}}",
-		"claim_check.store.type", "'s3' is not lmdb or filesystem");
+		"claim_check.store.bucket", "is required");
+	refused("{\"vhost\": \"a\", \"claim_check\": {\"match\": [], \"store\": {\"type\": "
+		"\"s3\", \"bucket\": \"Not_A_Bucket\"}}}",
+		"claim_check.store.bucket", "'Not_A_Bucket' is not a bucket name");
+	refused("{\"vhost\": \"a\", \"claim_check\": {\"match\": [], \"store\": {\"type\": "
+		"\"lmdb\", \"bucket\": \"claims\"}}}",
+		"claim_check.store", "bucket and prefix are only for type s3");
 	refused("{\"vhost\": \"a\", \"claim_check\": {\"match\": [], \"store\": {\"type\": "
 		"\"filesystem\"}}}",
 		"claim_check.store.path", "is required");
@@ -230,6 +239,31 @@ START_TEST(dedup_publish_keys)
 	r = load(&n);
 	ck_assert_ptr_nonnull(r);
 	ck_assert_int_eq(rules_vhost(r, "o")->dedup_publish.enabled, 0);
+	rules_unref(r);
+}
+END_TEST
+
+START_TEST(s3_store)
+{
+	const struct rules_vhost *v;
+	struct rules *r;
+	int n;
+
+	fresh_dir();
+	put("s.json", "{\"vhost\": \"s\", \"claim_check\": {\"match\": [], \"store\": "
+		      "{\"type\": \"s3\", \"bucket\": \"acemq-claims\", \"prefix\": "
+		      "\"claims/\"}}}");
+	put("t.json", "{\"vhost\": \"t\", \"claim_check\": {\"match\": [], \"store\": "
+		      "{\"type\": \"s3\", \"bucket\": \"b.c-d\"}}}");
+	r = load(&n);
+	ck_assert_msg(r != NULL, "%s", errbuf);
+	v = rules_vhost(r, "s");
+	ck_assert_int_eq(v->claim_check.store, RULES_STORE_S3);
+	ck_assert_str_eq(v->claim_check.store_bucket, "acemq-claims");
+	ck_assert_str_eq(v->claim_check.store_prefix, "claims/");
+	ck_assert_str_eq(rules_store_name(v->claim_check.store), "s3");
+	v = rules_vhost(r, "t");
+	ck_assert_str_eq(v->claim_check.store_prefix, "");
 	rules_unref(r);
 }
 END_TEST
@@ -404,6 +438,7 @@ int main(void)
 	tcase_add_test(tc, design_example_loads);
 	tcase_add_test(tc, refusals);
 	tcase_add_test(tc, dedup_publish_keys);
+	tcase_add_test(tc, s3_store);
 	tcase_add_test(tc, duplicate_vhost_refused);
 	tcase_add_test(tc, every_error_reported);
 	tcase_add_test(tc, missing_directory);

@@ -1,0 +1,207 @@
+"""s3rver (npm) on a loopback port with a temporary directory, the verifying
+front before it, and proxies whose claim_check rules use an S3 store."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+import pika
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "py"))
+import support  # noqa: E402
+from front import Front  # noqa: E402
+
+PROXY = os.environ.get("ACEMQ_PROXY",
+                       os.path.join(HERE, "..", "..", "..", "build", "src", "acemq-proxy"))
+S3RVER = os.path.join(HERE, "node", "node_modules", ".bin", "s3rver")
+SANITIZED = os.environ.get("ACEMQ_IT_SANITIZED") == "1"
+BUCKET = "acemq-claims"
+ACCESS = SECRET = "S3RVER"  # s3rver's own key pair: it checks signatures too
+
+
+class S3rver:
+    """npm's s3rver with one bucket; stop() and start() keep its data."""
+
+    def __init__(self, tls=None):
+        self.tls = tls  # (key, cert): s3rver speaks HTTPS
+        self.dir = tempfile.mkdtemp(prefix="acemq-s3-")
+        self.port = support.free_port()
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="acemq-s3rver-", suffix=".log",
+                                               delete=False)
+        self.proc = None
+        self.start()
+
+    def start(self):
+        # s3rver's continuation tokens use a cipher OpenSSL 3 keeps in its
+        # legacy provider.
+        env = dict(os.environ, NODE_OPTIONS="--openssl-legacy-provider")
+        self.proc = subprocess.Popen(
+            [S3RVER, "-d", self.dir, "-a", "127.0.0.1", "-p", str(self.port), "--silent",
+             "--no-vhost-buckets", "--configure-bucket", BUCKET]
+            + (["--key", self.tls[0], "--cert", self.tls[1]] if self.tls else []),
+            stdout=self.log, stderr=self.log, env=env)
+        if not support.wait_until(lambda: support.port_accepts(self.port), 20):
+            raise AssertionError("s3rver did not start: " + open(self.log.name).read())
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def object_path(self, key):
+        """Where s3rver keeps an object's bytes."""
+        parts = key.split("/")
+        return os.path.join(self.dir, BUCKET, *parts[:-1], parts[-1] + "._S3rver_object")
+
+    def objects(self, prefix=""):
+        """Keys of the bucket under prefix, from s3rver's directory."""
+        out = []
+        top = os.path.join(self.dir, BUCKET)
+        for root, _, files in os.walk(top):
+            for f in files:
+                if f.endswith("._S3rver_object"):
+                    rel = os.path.relpath(os.path.join(root, f[:-len("._S3rver_object")]), top)
+                    if rel.startswith(prefix):
+                        out.append(rel)
+        return sorted(out)
+
+    def close(self):
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+        self.log.close()
+        os.unlink(self.log.name)
+
+
+class Proxy:
+    """acemq-proxy with an S3 store: settings in a config file, rules in a
+    directory of their own, an admin port."""
+
+    def __init__(self, endpoint, rules, settings=None, args=()):
+        self.top = tempfile.mkdtemp(prefix="acemq-s3p-")
+        self.rules = os.path.join(self.top, "rules")
+        os.makedirs(self.rules)
+        os.makedirs(os.path.join(self.top, "data"))
+        for name, rule in rules.items():
+            with open(os.path.join(self.rules, name + ".json"), "w") as f:
+                json.dump(rule, f)
+        self.port, self.admin = support.free_port(), support.free_port()
+        conf = {"s3_endpoint": endpoint, "s3_access_key": ACCESS, "s3_secret_key": SECRET,
+                "s3_region": "us-east-1", "s3_timeout_ms": "15000",
+                "listen": "127.0.0.1:%d" % self.port, "upstream": "127.0.0.1:5672",
+                "rules": self.rules, "data_dir": os.path.join(self.top, "data"),
+                "admin": "127.0.0.1:%d" % self.admin, "log_level": "info"}
+        conf.update(settings or {})
+        self.conf = os.path.join(self.top, "proxy.conf")
+        with open(self.conf, "w") as f:
+            for k, v in conf.items():
+                f.write("%s = %s\n" % (k, v))
+        self.args = list(args)
+        self.log = open(os.path.join(self.top, "proxy.log"), "w+")
+        self.start()
+
+    def start(self):
+        self.proc = subprocess.Popen([PROXY, "-c", self.conf] + self.args, stderr=self.log)
+        if not support.wait_until(lambda: support.port_accepts(self.port)
+                                  or self.proc.poll() is not None, 10) \
+                or self.proc.poll() is not None:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            raise AssertionError("proxy did not start:\n" + self.stderr())
+
+    def stderr(self):
+        with open(self.log.name) as f:
+            return f.read()
+
+    def status(self, field):
+        with open("/proc/%d/status" % self.proc.pid) as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+        return 0
+
+    def connect(self, vhost="/"):
+        return pika.BlockingConnection(pika.ConnectionParameters(
+            "127.0.0.1", self.port, vhost, socket_timeout=30, stack_timeout=60,
+            blocked_connection_timeout=120))
+
+    def get(self, path):
+        try:
+            with urllib.request.urlopen("http://127.0.0.1:%d%s" % (self.admin, path),
+                                        timeout=30) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"{}")
+
+    def get_text(self, path):
+        with urllib.request.urlopen("http://127.0.0.1:%d%s" % (self.admin, path),
+                                    timeout=30) as r:
+            return r.read().decode()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        text = self.stderr()
+        print("---- proxy %d log (tail) ----\n%s" % (self.port, text[-4000:]))
+        rc = self.proc.returncode
+        shutil.rmtree(self.top, ignore_errors=True)
+        assert rc == 0, "proxy exited with %s:\n%s" % (rc, text[-3000:])
+        assert "AddressSanitizer" not in text and "runtime error" not in text, text[-3000:]
+        return text
+
+
+def s3_rule(prefix, threshold=65536, **extra):
+    rule = {"vhost": "/", "claim_check": {
+        "match": [{"exchange": ""}], "threshold": threshold,
+        "store": {"type": "s3", "bucket": BUCKET, "prefix": prefix}}}
+    rule["claim_check"].update(extra)
+    return {"root": rule}
+
+
+@pytest.fixture(scope="session")
+def broker():
+    support.ensure_rabbitmq(60)
+    return True
+
+
+@pytest.fixture(scope="session")
+def s3():
+    if not os.path.exists(S3RVER):
+        pytest.fail("s3rver is not installed: run docker/setup-debian "
+                    "(npm ci in tests/integration/s3/node)")
+    s = S3rver()
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="session")
+def front(s3):
+    f = Front(s3.port, s3.dir, ACCESS, SECRET)
+    yield f
+    f.stop()
+
+
+@pytest.fixture
+def proxies():
+    """Proxies a test starts: stopped (cleanly, or the test fails) after it."""
+    started = []
+
+    def make(*a, **kw):
+        p = Proxy(*a, **kw)
+        started.append(p)
+        return p
+    yield make
+    for p in started:
+        p.stop()
