@@ -1,7 +1,9 @@
 """Names a client sends before it has authenticated: a PLAIN user name (and
 in greeting mode a vhost name) reaches the proxy's log before the broker
-has checked the password. None may forge a log line or reach the
-operator's terminal as an escape sequence."""
+has checked the password, and in greeting mode a vhost name joins the
+per-vhost connection counts. None may forge a log line, reach the
+operator's terminal as an escape sequence, or take memory that does not
+come back."""
 import json
 import os
 import re
@@ -9,6 +11,7 @@ import shutil
 import struct
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -113,5 +116,54 @@ def test_vhost_name_cannot_forge_log_lines_in_greeting_mode(rabbitmq, greeting_r
         log = log_bytes(p)
         assert_no_forgery(log, b"vhost=x\\x0a2024-01-01T00:00:00.000Z error c=999")
         assert ESCAPED_USER in log
+    finally:
+        p.stop()
+
+
+def rss_kb(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def bogus_open(port, name):
+    c = w.RawClient(port)
+    try:
+        start_ok(c, b"guest", b"guest")
+        c.expect(w.CONNECTION_TUNE, 0)
+        c.send(w.method_frame(0, w.CONNECTION_TUNE_OK, struct.pack(">HIH", 2047, 131072, 0)))
+        c.send(w.method_frame(0, w.CONNECTION_OPEN, w.shortstr(name) + w.shortstr("") + b"\x00"))
+        f = c.read_frame(10)
+        assert f.method == w.CONNECTION_CLOSE, f
+        c.send(w.method_frame(0, w.CONNECTION_CLOSE_OK))
+    finally:
+        c.close_socket()
+
+
+def test_bogus_vhost_names_do_not_pile_up(rabbitmq, greeting_rules):
+    """Greeting mode with max_connections_per_vhost: each made-up name is
+    counted until its connection goes, then forgotten. The names go to a
+    global broker address where nothing listens, so each open is refused at
+    once (no broker is asked); 5000 names of 120 bytes took 0.9 MB that
+    never came back before entries were freed."""
+    dead = support.free_port()
+    p = ProxyProcess("acemq-proxy-vhost-churn", PROXY_BIN, dead, log_level="error",
+                     extra_args=["--rules", greeting_rules, "--max-connections-per-vhost", "5"])
+    p.start()
+    try:
+        def batch(first, n):
+            with ThreadPoolExecutor(8) as ex:
+                list(ex.map(lambda i: bogus_open(p.listen_port, ("bogus-%06d-" % i).ljust(120, "x")),
+                            range(first, first + n)))
+
+        batch(0, 1000)  # the allocator's working set for a session
+        before = rss_kb(p.proc.pid)
+        batch(1000, 5000)
+        after = rss_kb(p.proc.pid)
+        print("proxy RSS %d kB, then %d kB after 5000 made-up vhost names" % (before, after))
+        assert after - before < 400, "RSS grew %d kB over 5000 made-up vhost names" % (after - before)
+        assert p.alive()
     finally:
         p.stop()
