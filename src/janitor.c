@@ -19,40 +19,60 @@ static long janitor_interval;
 static int janitor_stopping, janitor_running;
 static struct state *janitor_state;
 
-static void janitor_purge(const struct rules *r, int orphans)
+static const char *janitor_s(long n)
+{
+	return n == 1 ? "" : "s";
+}
+
+/* One vhost's claim store: what went is logged, at start too. */
+static void janitor_claims(const struct rules_vhost *v, int orphans)
 {
 	struct claims_where where;
+	struct claims_purged p;
+	int rc;
+
+	claims_where(&where, v->vhost, &v->claim_check);
+	rc = claims_purge(&where, v->claim_check.retention_s, orphans, &p);
+	if (p.payloads > 0)
+		log_info(
+		    "janitor: vhost %s: %ld claim payload%s past %ld s removed (%llu bytes)",
+		    v->vhost, p.payloads, janitor_s(p.payloads), v->claim_check.retention_s,
+		    (unsigned long long)p.payload_bytes);
+	if (p.partial > 0)
+		log_info("janitor: vhost %s: %ld %s of claim uploads cut short removed (%llu "
+			 "bytes)",
+			 v->vhost, p.partial,
+			 where.type == CLAIMS_FILESYSTEM
+			     ? (p.partial == 1 ? "partial file" : "partial files")
+			     : (p.partial == 1 ? "orphaned chunk" : "orphaned chunks"),
+			 (unsigned long long)p.partial_bytes);
+	if (rc < 0)
+		log_warning("janitor: vhost %s: the claim store could not be purged", v->vhost);
+}
+
+static void janitor_purge(const struct rules *r, int orphans)
+{
 	long n;
 	int i;
 
 	for (i = 0; r && i < r->n; i++) {
 		const struct rules_vhost *v = &r->v[i];
 
-		if (!v->claim_check.enabled)
-			goto idem;
-		claims_where(&where, v->vhost, &v->claim_check);
-		n = claims_purge(&where, v->claim_check.retention_s, orphans);
-		if (n > 0)
-			log_info("janitor: vhost %s: %ld claim payload%s past %ld s removed",
-				 v->vhost, n, n == 1 ? "" : "s", v->claim_check.retention_s);
-		else if (n < 0)
-			log_warning("janitor: vhost %s: the claim store could not be purged",
-				    v->vhost);
-	idem:
+		if (v->claim_check.enabled)
+			janitor_claims(v, orphans);
 		if (v->nidempotency > 0 && janitor_state && !orphans) {
 			n = idem_purge(janitor_state, v->vhost, state_now_ms());
 			if (n > 0)
 				log_info("janitor: vhost %s: %ld idempotency record%s past "
-					 "their time "
-					 "removed",
-					 v->vhost, n, n == 1 ? "" : "s");
+					 "their time removed",
+					 v->vhost, n, janitor_s(n));
 		}
 		if (v->dedup_publish.enabled && janitor_state && !orphans) {
 			n = idem_dedup_purge(janitor_state, v->vhost, state_now_ms());
 			if (n > 0)
 				log_info("janitor: vhost %s: %ld publish-dedup value%s past "
 					 "their window removed",
-					 v->vhost, n, n == 1 ? "" : "s");
+					 v->vhost, n, janitor_s(n));
 		}
 	}
 }

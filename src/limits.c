@@ -3,18 +3,29 @@
 
 #include "log.h"
 
+#include <openssl/rand.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
+/* The vhosts with connections open, in a chained hash table that grows
+ * with them: an entry goes when its last connection does, so names a
+ * client made up before authenticating (greeting mode) do not stay. */
 struct limits_vhost {
 	char *name;
 	long open;
 	struct limits_vhost *next;
 };
 
+#define LIMITS_BUCKETS_MIN 64
+
 static pthread_mutex_t limits_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct limits_vhost *limits_vhosts;
+static struct limits_vhost **limits_table;
+static size_t limits_nbuckets, limits_count;
+static uint64_t limits_seed;
 static long limits_per_vhost, limits_channels;
 static int limits_episode[LIMITS_REASONS];
 
@@ -23,6 +34,13 @@ static const char *const limits_names[LIMITS_REASONS] = {
 
 void limits_init(long max_connections_per_vhost, long max_channels)
 {
+	struct timespec ts;
+
+	if (RAND_bytes((unsigned char *)&limits_seed, sizeof(limits_seed)) != 1) {
+		clock_gettime(CLOCK_REALTIME, &ts);
+		limits_seed =
+		    (uint64_t)ts.tv_sec << 32 ^ (uint64_t)ts.tv_nsec ^ (uint64_t)getpid();
+	}
 	limits_per_vhost = max_connections_per_vhost;
 	limits_channels = max_channels;
 }
@@ -63,33 +81,96 @@ void limits_admitted(enum limits_reason r)
 		log_info("%s: admitting again", limits_names[r]);
 }
 
-static struct limits_vhost *limits_find(const char *vhost, int create)
+/* FNV-1a from a seed drawn at start, so which names share a bucket is
+ * not known in advance; then a final mix. */
+static size_t limits_hash(const char *name)
 {
-	struct limits_vhost *v;
+	uint64_t h = limits_seed ^ 0xcbf29ce484222325ULL;
 
-	for (v = limits_vhosts; v; v = v->next)
-		if (strcmp(v->name, vhost) == 0)
-			return v;
-	if (!create || (v = calloc(1, sizeof(*v))) == NULL)
+	for (; *name; name++)
+		h = (h ^ (unsigned char)*name) * 0x100000001b3ULL;
+	h ^= h >> 33;
+	h *= 0xff51afd7ed558ccdULL;
+	h ^= h >> 33;
+	return (size_t)h;
+}
+
+/* Twice the buckets when the entries outnumber them (a failed grow keeps
+ * the table: chains get longer, nothing is lost). */
+static void limits_grow(void)
+{
+	size_t n = limits_nbuckets ? limits_nbuckets * 2 : LIMITS_BUCKETS_MIN, i;
+	struct limits_vhost **t = calloc(n, sizeof(*t)), *v, *next;
+
+	if (t == NULL)
+		return;
+	for (i = 0; i < limits_nbuckets; i++) {
+		for (v = limits_table[i]; v; v = next) {
+			next = v->next;
+			v->next = t[limits_hash(v->name) & (n - 1)];
+			t[limits_hash(v->name) & (n - 1)] = v;
+		}
+	}
+	free(limits_table);
+	limits_table = t;
+	limits_nbuckets = n;
+}
+
+/* Under limits_lock: the entry of vhost, or NULL; *slot is the link that
+ * points at it (or where a new one goes). */
+static struct limits_vhost *limits_find(const char *vhost, struct limits_vhost ***slot)
+{
+	struct limits_vhost **p;
+
+	if (limits_nbuckets == 0)
+		return NULL;
+	for (p = &limits_table[limits_hash(vhost) & (limits_nbuckets - 1)]; *p; p = &(*p)->next)
+		if (strcmp((*p)->name, vhost) == 0)
+			break;
+	*slot = p;
+	return *p;
+}
+
+static struct limits_vhost *limits_add(const char *vhost)
+{
+	struct limits_vhost *v, **slot;
+
+	if (limits_count >= limits_nbuckets)
+		limits_grow();
+	if (limits_nbuckets == 0 || (v = calloc(1, sizeof(*v))) == NULL)
 		return NULL;
 	if ((v->name = strdup(vhost)) == NULL) {
 		free(v);
 		return NULL;
 	}
-	v->next = limits_vhosts;
-	limits_vhosts = v;
+	limits_find(vhost, &slot);
+	v->next = *slot;
+	*slot = v;
+	limits_count++;
 	return v;
+}
+
+long limits_vhosts_tracked(void)
+{
+	long n;
+
+	pthread_mutex_lock(&limits_lock);
+	n = (long)limits_count;
+	pthread_mutex_unlock(&limits_lock);
+	return n;
 }
 
 int limits_vhost_enter(const char *vhost)
 {
-	struct limits_vhost *v;
+	struct limits_vhost *v, **slot;
 	int ok = 1;
 
 	if (limits_per_vhost <= 0)
 		return 0;
 	pthread_mutex_lock(&limits_lock);
-	v = limits_find(vhost, 1);
+	v = limits_find(vhost, &slot);
+	if (v == NULL)
+		v = limits_add(vhost);
 	if (v && v->open >= limits_per_vhost)
 		ok = 0;
 	else if (v)
@@ -102,13 +183,19 @@ int limits_vhost_enter(const char *vhost)
 
 void limits_vhost_leave(const char *vhost)
 {
-	struct limits_vhost *v;
+	struct limits_vhost *v, **slot;
 
 	if (limits_per_vhost <= 0)
 		return;
 	pthread_mutex_lock(&limits_lock);
-	v = limits_find(vhost, 0);
+	v = limits_find(vhost, &slot);
 	if (v && v->open > 0)
 		v->open--;
+	if (v && v->open == 0) {
+		*slot = v->next;
+		limits_count--;
+		free(v->name);
+		free(v);
+	}
 	pthread_mutex_unlock(&limits_lock);
 }

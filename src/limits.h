@@ -19,6 +19,9 @@ long limits_max_per_vhost(void);
  * refusal is logged once per episode). */
 int limits_vhost_enter(const char *vhost);
 void limits_vhost_leave(const char *vhost);
+/* Vhosts with a connection counted against max_connections_per_vhost
+ * (an entry goes with its vhost's last connection). */
+long limits_vhosts_tracked(void);
 /* A refusal (logged at the start of an episode) or an admission (ends
  * the episode of that reason). */
 void limits_refused(enum limits_reason r, const char *what);

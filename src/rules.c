@@ -6,9 +6,12 @@
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define RULES_MAX_FILE (1024 * 1024)
 
@@ -375,28 +378,167 @@ static void rules_vhost_free(struct rules_vhost *v)
 	memset(v, 0, sizeof(*v));
 }
 
+/* What a path is, when it is not a regular file. */
+static const char *rules_file_type(mode_t mode)
+{
+	if (S_ISDIR(mode))
+		return "a directory";
+	if (S_ISFIFO(mode))
+		return "a FIFO";
+	if (S_ISSOCK(mode))
+		return "a socket";
+	if (S_ISCHR(mode) || S_ISBLK(mode))
+		return "a device";
+	return "not a file";
+}
+
+/* The text of a rules file. Only a regular file is read (a symbolic link
+ * to one is: a ConfigMap mounts its files so); the rest is refused before
+ * it is opened, and the open never waits (O_NONBLOCK: a FIFO put there
+ * after the check still opens at once, and fstat refuses it), so a load
+ * can never block the thread that runs it. At most RULES_MAX_FILE bytes. */
 static char *rules_read(struct rules_ctx *c, const char *path)
 {
-	FILE *f = fopen(path, "rb");
-	char *buf;
-	size_t n;
+	struct stat st;
+	char *buf, *nul;
+	size_t n = 0;
+	ssize_t r = 0;
+	int fd;
 
-	if (f == NULL) {
+	if (stat(path, &st) != 0) {
 		rules_error(c, "(file)", "cannot open: %s", strerror(errno));
 		return NULL;
 	}
+	if (!S_ISREG(st.st_mode)) {
+		rules_error(c, "(file)", "not a regular file (%s)",
+			    rules_file_type(st.st_mode));
+		return NULL;
+	}
+	fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+	if (fd < 0) {
+		rules_error(c, "(file)", "cannot open: %s", strerror(errno));
+		return NULL;
+	}
+	if (fstat(fd, &st) != 0) {
+		rules_error(c, "(file)", "cannot open: %s", strerror(errno));
+		close(fd);
+		return NULL;
+	}
+	if (!S_ISREG(st.st_mode)) {
+		rules_error(c, "(file)", "not a regular file (%s)",
+			    rules_file_type(st.st_mode));
+		close(fd);
+		return NULL;
+	}
+	if (st.st_size > RULES_MAX_FILE) {
+		rules_error(c, "(file)", "%lld bytes: a rules file is at most 1 MiB (%d bytes)",
+			    (long long)st.st_size, RULES_MAX_FILE);
+		close(fd);
+		return NULL;
+	}
 	buf = malloc(RULES_MAX_FILE + 1);
-	n = buf ? fread(buf, 1, RULES_MAX_FILE + 1, f) : 0;
-	fclose(f);
+	/* Read to the end, one byte past the cap: the file may have grown. */
+	while (
+	    buf && n <= RULES_MAX_FILE &&
+	    ((r = read(fd, buf + n, RULES_MAX_FILE + 1 - n)) > 0 || (r < 0 && errno == EINTR)))
+		n += r > 0 ? (size_t)r : 0;
+	if (buf && r < 0) {
+		rules_error(c, "(file)", "cannot read: %s", strerror(errno));
+		free(buf);
+		buf = NULL;
+	}
+	close(fd);
 	if (buf == NULL)
 		return NULL;
 	if (n > RULES_MAX_FILE) {
-		rules_error(c, "(file)", "larger than %d bytes", RULES_MAX_FILE);
+		rules_error(c, "(file)", "larger than 1 MiB: a rules file is at most %d bytes",
+			    RULES_MAX_FILE);
+		free(buf);
+		return NULL;
+	}
+	if ((nul = memchr(buf, '\0', n)) != NULL) {
+		rules_error(c, "(file)", "holds a NUL byte (at offset %zu): not JSON text",
+			    (size_t)(nul - buf));
 		free(buf);
 		return NULL;
 	}
 	buf[n] = '\0';
 	return buf;
+}
+
+/* cJSON ends a string at an escaped NUL ("v\u0000x" reads as "v"), so
+ * every string of the text is looked at for one before the text is
+ * parsed, and refused with the key it belongs to, named as rules_path
+ * names keys. Text that is not JSON is left to the parser. */
+#define RULES_SCAN_DEPTH 16
+
+struct rules_scan_level {
+	char key[64]; /* an object: the key being read */
+	int index;    /* an array: the element being read; -1: an object */
+};
+
+static void rules_scan_path(char *out, size_t len, const struct rules_scan_level *lv, int depth)
+{
+	size_t o = 0;
+	int i;
+
+	out[0] = '\0';
+	for (i = 0; i < depth && i < RULES_SCAN_DEPTH && o < len; i++) {
+		if (lv[i].index < 0)
+			o +=
+			    (size_t)snprintf(out + o, len - o, "%s%s", o ? "." : "", lv[i].key);
+		else
+			o += (size_t)snprintf(out + o, len - o, "[%d]", lv[i].index);
+	}
+}
+
+static void rules_find_nul(struct rules_ctx *c, const char *text)
+{
+	struct rules_scan_level lv[RULES_SCAN_DEPTH];
+	const char *p = text, *start, *q;
+	struct rules_scan_level *top;
+	char key[300];
+	int depth = 0, nul;
+
+	while (*p) {
+		top = depth > 0 && depth <= RULES_SCAN_DEPTH ? &lv[depth - 1] : NULL;
+		if (*p == '{' || *p == '[') {
+			if (depth < RULES_SCAN_DEPTH) {
+				lv[depth].key[0] = '\0';
+				lv[depth].index = *p == '[' ? 0 : -1;
+			}
+			depth++;
+		} else if (*p == '}' || *p == ']') {
+			depth -= depth > 0;
+		} else if (*p == ',' && top && top->index >= 0) {
+			top->index++;
+		} else if (*p == '"') {
+			start = ++p;
+			for (nul = 0; *p && *p != '"'; p++) {
+				if (*p == '\\' && p[1]) {
+					nul |= p[1] == 'u' && strncmp(p + 2, "0000", 4) == 0;
+					p++;
+				}
+			}
+			for (q = *p ? p + 1 : p;
+			     *q == ' ' || *q == '\t' || *q == '\n' || *q == '\r'; q++)
+				;
+			if (*q == ':' && top && top->index < 0)
+				snprintf(top->key, sizeof(top->key), "%.*s", (int)(p - start),
+					 start);
+			if (nul) {
+				rules_scan_path(key, sizeof(key), lv, depth);
+				rules_error(
+				    c, key[0] ? key : "(file)",
+				    "%s holds an escaped NUL (\\u0000), which would cut it "
+				    "short",
+				    *q == ':' ? "the key" : "the string");
+			}
+			if (*p == '\0')
+				break;
+		}
+		p++;
+	}
 }
 
 /* "upstream": ["HOST:PORT", ...], the vhost's brokers in the order tried;
@@ -442,16 +584,17 @@ static int rules_parse_file(struct rules_ctx *c, const char *path, struct rules_
 	static const char *const reply_keys[] = {"enabled", NULL};
 	int before = c->nerrors;
 	const cJSON *o;
+	const char *p;
 	cJSON *root;
 	char *text = rules_read(c, path);
 
 	if (text == NULL)
 		return c->nerrors - before;
+	rules_find_nul(c, text);
 	root = cJSON_Parse(text);
 	if (root == NULL) {
 		const char *at = cJSON_GetErrorPtr();
 		int line = 1;
-		const char *p;
 
 		for (p = text; at && p < at; p++)
 			line += *p == '\n';
@@ -468,6 +611,13 @@ static int rules_parse_file(struct rules_ctx *c, const char *path, struct rules_
 	v->file = strdup(path);
 	rules_known_keys(c, root, "", keys);
 	v->vhost = rules_string(c, root, "", "vhost", 1);
+	for (p = v->vhost; p && *p; p++) {
+		if ((unsigned char)*p < 0x20 || *p == 0x7f) {
+			rules_error(c, "vhost", "holds a control character (\\x%02x)",
+				    (unsigned char)*p);
+			break;
+		}
+	}
 	o = rules_object(c, root, "", "reply_to");
 	if (o) {
 		rules_known_keys(c, o, "reply_to", reply_keys);

@@ -41,7 +41,11 @@ struct vstats;
 
 /* The counters of (vhost, queue), or of the vhost with queue NULL, created
  * on first use; the pointer stays valid until exit. NULL only when out of
- * memory. */
+ * memory. Rows are never freed, so callers name only a vhost and queue of
+ * the rules (a pattern's hook is attached only to a vhost with rules, and
+ * counts a queue only when a rule names it), and only for a publish or a
+ * delivery, which come after the broker accepted the connection: no client
+ * can add a row with a name of its own. */
 struct vstats *vstats_get(const char *vhost, const char *queue);
 void vstats_add(struct vstats *v, enum vstats_counter which);
 

@@ -265,9 +265,15 @@ void claims_read_abandon(struct claims_read *r)
 		r->be->read_abandon(r);
 }
 
-long claims_purge(const struct claims_where *where, long retention_s, int orphans)
+int claims_purge(const struct claims_where *where, long retention_s, int orphans,
+		 struct claims_purged *out)
 {
-	return claims_backend_of(where)->purge(where, retention_s, orphans);
+	struct claims_purged none;
+
+	if (out == NULL)
+		out = &none;
+	memset(out, 0, sizeof(*out));
+	return claims_backend_of(where)->purge(where, retention_s, orphans, out);
 }
 
 int claims_stat(const struct claims_where *where, const char *key, uint64_t *size,

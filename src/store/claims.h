@@ -90,12 +90,23 @@ void claims_read_abandon(struct claims_read *r);
 
 /* ---- retention ---- */
 
+/* What a purge removed: whole payloads, and what uploads a crash cut
+ * short left (LMDB chunks without their meta record; filesystem .partial
+ * files), with their bytes. */
+struct claims_purged {
+	long payloads;
+	uint64_t payload_bytes;
+	long partial;
+	uint64_t partial_bytes;
+};
+
 /* Blocking (never on a worker's loop): remove payloads older than
  * retention_s (0: keep them). With orphans (only before any upload can
- * start) also the chunks of uploads a crash cut short. A bounded amount of
- * work per call (what is left goes at the next). Returns how many
- * payloads were removed, or -1. */
-long claims_purge(const struct claims_where *where, long retention_s, int orphans);
+ * start) also the chunks of uploads a crash cut short (a filesystem
+ * store's partial files go once an hour old, start or not). Returns 0 and
+ * fills *out (may be NULL), or -1. */
+int claims_purge(const struct claims_where *where, long retention_s, int orphans,
+		 struct claims_purged *out);
 
 /* ---- operator views ---- */
 

@@ -42,7 +42,8 @@ struct claims_backend {
 	    void (*chunk)(void *arg, int rc, const uint8_t *data, size_t len), void *arg);
 	void (*read_next)(struct claims_read *r);
 	void (*read_abandon)(struct claims_read *r);
-	long (*purge)(const struct claims_where *where, long retention_s, int orphans);
+	int (*purge)(const struct claims_where *where, long retention_s, int orphans,
+		     struct claims_purged *out);
 	int (*stat)(const struct claims_where *where, const char *key, uint64_t *size,
 		    uint64_t *created_ms);
 };

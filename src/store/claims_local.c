@@ -626,17 +626,28 @@ static int claims_local_stat(const struct claims_where *where, const char *key, 
 
 /* ---- retention ------------------------------------------------------------ */
 
+/* A record the sweep removes: a payload's meta record (bytes: the
+ * payload's size), or a chunk, its payload's or an orphan's. */
+struct claims_dead {
+	char key[CLAIMS_CHUNK_KEY + 1];
+	unsigned char orphan;
+	uint64_t bytes;
+};
+
 struct claims_sweep {
 	uint64_t cutoff_ms;
 	char meta[CLAIMS_KEY_LEN]; /* the last meta record seen */
 	int meta_expired, have_meta;
 	int orphans; /* also chunks no payload owns (only before uploads start) */
-	char (*dead)[CLAIMS_CHUNK_KEY + 1];
+	struct claims_dead *dead;
 	size_t ndead, capdead;
 };
 
-static void claims_sweep_add(struct claims_sweep *sw, const void *key, size_t klen)
+static void claims_sweep_add(struct claims_sweep *sw, const void *key, size_t klen, int orphan,
+			     uint64_t bytes)
 {
+	struct claims_dead *d;
+
 	if (sw->ndead == sw->capdead) {
 		size_t n = sw->capdead ? sw->capdead * 2 : 256;
 		void *p = realloc(sw->dead, n * sizeof(*sw->dead));
@@ -646,71 +657,95 @@ static void claims_sweep_add(struct claims_sweep *sw, const void *key, size_t kl
 		sw->dead = p;
 		sw->capdead = n;
 	}
-	memcpy(sw->dead[sw->ndead], key, klen);
-	sw->dead[sw->ndead++][klen] = 0;
+	d = &sw->dead[sw->ndead++];
+	memcpy(d->key, key, klen);
+	d->key[klen] = 0;
+	d->orphan = (unsigned char)orphan;
+	d->bytes = bytes;
 }
 
 static int claims_sweep_one(void *arg, const void *key, size_t klen, const void *val,
 			    size_t vlen)
 {
 	struct claims_sweep *sw = arg;
-	uint64_t created;
+	uint64_t created, size;
 
 	if (klen == CLAIMS_KEY_LEN && vlen == CLAIMS_META_LEN) {
+		memcpy(&size, val, 8);
 		memcpy(&created, (const uint8_t *)val + 8, 8);
 		memcpy(sw->meta, key, CLAIMS_KEY_LEN);
 		sw->have_meta = 1;
 		sw->meta_expired = sw->cutoff_ms && created < sw->cutoff_ms;
 		if (sw->meta_expired)
-			claims_sweep_add(sw, key, klen);
+			claims_sweep_add(sw, key, klen, 0, size);
 	} else if (klen == CLAIMS_CHUNK_KEY) {
 		int owned = sw->have_meta && memcmp(sw->meta, key, CLAIMS_KEY_LEN) == 0;
 
 		/* A chunk goes with its expired payload; at start, before any
 		 * upload, also when no payload owns it (a crash mid-upload). */
-		if ((owned && sw->meta_expired) || (!owned && sw->orphans))
-			claims_sweep_add(sw, key, klen);
+		if (owned && sw->meta_expired)
+			claims_sweep_add(sw, key, klen, 0, 0);
+		else if (!owned && sw->orphans)
+			claims_sweep_add(sw, key, klen, 1, vlen);
 	}
 	return 0;
 }
 
-static long claims_local_purge(const struct claims_where *where, long retention_s, int orphans)
+/* A filesystem store: payload files past the cutoff, and partial files an
+ * hour old that no upload of this proxy is writing (the directory may be
+ * shared: another proxy's upload may be in progress). */
+static void claims_local_purge_directory(const char *dir, const struct claims_sweep *sw,
+					 struct claims_purged *out)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	char path[4200];
+	struct stat st;
+
+	if (d == NULL)
+		return;
+	while ((e = readdir(d)) != NULL) {
+		size_t n = strlen(e->d_name);
+		int partial = n == CLAIMS_KEY_LEN + 9 && e->d_name[0] == '.' &&
+			      strcmp(e->d_name + 1 + CLAIMS_KEY_LEN, ".partial") == 0;
+		const char *key = partial ? e->d_name + 1 : e->d_name;
+
+		if (!partial && !claims_key_valid((const uint8_t *)key, n))
+			continue; /* not ours: another library's or the operator's */
+		snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+		if (stat(path, &st) != 0)
+			continue;
+		if (partial ? claims_active_has(key) ||
+				  (uint64_t)st.st_mtime * 1000 + 3600000 >= state_now_ms()
+			    : !sw->cutoff_ms || (uint64_t)st.st_mtime * 1000 >= sw->cutoff_ms)
+			continue;
+		if (unlink(path) != 0)
+			continue;
+		if (partial) {
+			out->partial++;
+			out->partial_bytes += (uint64_t)st.st_size;
+		} else {
+			out->payloads++;
+			out->payload_bytes += (uint64_t)st.st_size;
+		}
+	}
+	closedir(d);
+}
+
+static int claims_local_purge(const struct claims_where *where, long retention_s, int orphans,
+			      struct claims_purged *out)
 {
 	struct claims_sweep sw;
-	long removed = 0;
 	size_t i, j;
+	int rc = 0;
 
 	memset(&sw, 0, sizeof(sw));
 	sw.orphans = orphans;
 	if (retention_s > 0)
 		sw.cutoff_ms = state_now_ms() - (uint64_t)retention_s * 1000;
 	if (where->type == CLAIMS_FILESYSTEM) {
-		DIR *d = opendir(where->name);
-		struct dirent *e;
-		char path[4200];
-		struct stat st;
-
-		if (d == NULL)
-			return 0;
-		while ((e = readdir(d)) != NULL) {
-			size_t n = strlen(e->d_name);
-			int partial = n == CLAIMS_KEY_LEN + 9 && e->d_name[0] == '.' &&
-				      strcmp(e->d_name + 1 + CLAIMS_KEY_LEN, ".partial") == 0;
-			const char *key = partial ? e->d_name + 1 : e->d_name;
-
-			if (!partial && !claims_key_valid((const uint8_t *)key, n))
-				continue; /* not ours: another library's or the operator's */
-			snprintf(path, sizeof(path), "%s/%s", where->name, e->d_name);
-			if (stat(path, &st) != 0)
-				continue;
-			if (partial
-				? (!claims_active_has(key) &&
-				   (uint64_t)st.st_mtime * 1000 + 3600000 < state_now_ms())
-				: (sw.cutoff_ms && (uint64_t)st.st_mtime * 1000 < sw.cutoff_ms))
-				removed += unlink(path) == 0;
-		}
-		closedir(d);
-		return removed;
+		claims_local_purge_directory(where->name, &sw, out);
+		return 0;
 	}
 	if (claims_state == NULL)
 		return 0;
@@ -725,17 +760,27 @@ static long claims_local_purge(const struct claims_where *where, long retention_
 		memset(ops, 0, sizeof(ops));
 		for (j = 0; j < n; j++) {
 			ops[j].db = where->name;
-			ops[j].key = sw.dead[i + j];
-			ops[j].klen = strlen(sw.dead[i + j]);
-			ops[j].val = NULL;
-			ops[j].vlen = 0;
-			removed += ops[j].klen == CLAIMS_KEY_LEN;
+			ops[j].key = sw.dead[i + j].key;
+			ops[j].klen = strlen(sw.dead[i + j].key);
 		}
-		if (state_write_wait(claims_state, ops, (int)n) != STATE_OK)
+		if (state_write_wait(claims_state, ops, (int)n) != STATE_OK) {
+			rc = -1;
 			break;
+		}
+		for (j = 0; j < n; j++) {
+			const struct claims_dead *d = &sw.dead[i + j];
+
+			if (d->orphan) {
+				out->partial++;
+				out->partial_bytes += d->bytes;
+			} else if (ops[j].klen == CLAIMS_KEY_LEN) {
+				out->payloads++;
+				out->payload_bytes += d->bytes;
+			}
+		}
 	}
 	free(sw.dead);
-	return removed;
+	return rc;
 }
 
 const struct claims_backend claims_lmdb_backend = {

@@ -798,7 +798,8 @@ static void claims_s3_abort_stale(const struct claims_where *where)
 	s3_req_clear(&list);
 }
 
-static long claims_s3_purge(const struct claims_where *where, long retention_s, int orphans)
+static int claims_s3_purge(const struct claims_where *where, long retention_s, int orphans,
+			   struct claims_purged *out)
 {
 	char token[1024] = "", key[CLAIMS_S3_OBJECT], when[64], after[CLAIMS_S3_OBJECT];
 	size_t plen = strlen(where->prefix);
@@ -874,7 +875,8 @@ static long claims_s3_purge(const struct claims_where *where, long retention_s, 
 	snprintf(claims_s3_cursors[cur].after, sizeof(claims_s3_cursors[cur].after), "%s",
 		 truncated ? after : "");
 	pthread_mutex_unlock(&claims_s3_cursor_lock);
-	return removed;
+	out->payloads = removed;
+	return 0;
 }
 
 const struct claims_backend claims_s3_backend = {

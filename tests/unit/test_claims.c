@@ -339,6 +339,7 @@ START_TEST(test_purge_removes_crash_leftovers)
 	struct probe kept = {0}, rd = {0};
 	uint8_t data[5000];
 	struct state_op op = {0};
+	struct claims_purged purged;
 	char chunk[64];
 	int keys = 0;
 
@@ -354,8 +355,11 @@ START_TEST(test_purge_removes_crash_leftovers)
 	op.val = data;
 	op.vlen = 100;
 	ck_assert_int_eq(state_write_wait(st, &op, 1), STATE_OK);
-	/* Retention 0 keeps payloads; orphans go. */
-	ck_assert_int_eq(claims_purge(&w, 0, 1), 0);
+	/* Retention 0 keeps payloads; orphans go, and are counted. */
+	ck_assert_int_eq(claims_purge(&w, 0, 1, &purged), 0);
+	ck_assert_int_eq(purged.payloads, 0);
+	ck_assert_int_eq(purged.partial, 1);
+	ck_assert_uint_eq(purged.partial_bytes, 100);
 	ck_assert_int_eq(state_scan(st, w.name, NULL, 0, count_keys, &keys), STATE_OK);
 	ck_assert_int_eq(keys, 2); /* the kept payload's meta and chunk */
 	read_back(&w, kept.key, &rd);

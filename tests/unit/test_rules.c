@@ -6,10 +6,13 @@
 #include "tests/unit/unit.h"
 
 #include <check.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static char dir[64];
@@ -325,6 +328,177 @@ START_TEST(no_directory_is_empty_set)
 }
 END_TEST
 
+/* rules_load in a child that has 10 s: a load that waits (on a FIFO,
+ * for a writer that never comes) fails the test instead of hanging the
+ * run. The child sends whether it loaded, the error count and the error
+ * text through a pipe; errbuf holds the text afterwards. */
+static int load_bounded(int *nerr)
+{
+	struct pollfd pfd;
+	struct {
+		int loaded, nerr;
+	} res = {0, 0};
+	size_t got = 0;
+	ssize_t r;
+	pid_t pid;
+	int fds[2], status;
+
+	ck_assert_int_eq(pipe(fds), 0);
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		struct rules *loaded;
+
+		close(fds[0]);
+		loaded = load(&res.nerr);
+		res.loaded = loaded != NULL;
+		if (write(fds[1], &res, sizeof(res)) != (ssize_t)sizeof(res) ||
+		    write(fds[1], errbuf, strlen(errbuf)) < 0)
+			_exit(1);
+		_exit(0);
+	}
+	close(fds[1]);
+	pfd.fd = fds[0];
+	pfd.events = POLLIN;
+	if (poll(&pfd, 1, 10000) != 1) {
+		kill(pid, SIGKILL);
+		waitpid(pid, &status, 0);
+		close(fds[0]);
+		ck_abort_msg("rules_load did not return within 10 s");
+	}
+	ck_assert_int_eq(read(fds[0], &res, sizeof(res)), (ssize_t)sizeof(res));
+	memset(errbuf, 0, sizeof(errbuf));
+	while (got < sizeof(errbuf) - 1 &&
+	       (r = read(fds[0], errbuf + got, sizeof(errbuf) - 1 - got)) > 0)
+		got += (size_t)r;
+	close(fds[0]);
+	waitpid(pid, &status, 0);
+	*nerr = res.nerr;
+	return res.loaded;
+}
+
+/* A FIFO and a directory named *.json are refused at once, by name, and
+ * the load never waits on the FIFO. */
+START_TEST(only_regular_files)
+{
+	char path[256];
+	int n;
+
+	fresh_dir();
+	put("a.json", "{\"vhost\": \"a\"}");
+	snprintf(path, sizeof(path), "%s/fifo.json", dir);
+	ck_assert_int_eq(mkfifo(path, 0600), 0);
+	snprintf(path, sizeof(path), "%s/d.json", dir);
+	ck_assert_int_eq(mkdir(path, 0700), 0);
+	ck_assert_int_eq(load_bounded(&n), 0);
+	ck_assert_int_eq(n, 2);
+	snprintf(path, sizeof(path), "%s/fifo.json: (file): not a regular file (a FIFO)", dir);
+	ck_assert_msg(strstr(errbuf, path) != NULL, "want '%s' in '%s'", path, errbuf);
+	snprintf(path, sizeof(path), "%s/d.json: (file): not a regular file (a directory)",
+		 dir);
+	ck_assert_msg(strstr(errbuf, path) != NULL, "want '%s' in '%s'", path, errbuf);
+	ck_assert_ptr_null(strstr(errbuf, "not valid JSON"));
+}
+END_TEST
+
+/* A symbolic link to a regular file is read (a ConfigMap's files are
+ * links); one to a FIFO is refused like the FIFO. */
+START_TEST(symlinks_followed)
+{
+	char target[256], link[256];
+	struct rules *r;
+	int n;
+
+	fresh_dir();
+	put("..data", "{\"vhost\": \"linked\"}");
+	snprintf(target, sizeof(target), "%s/..data", dir);
+	snprintf(link, sizeof(link), "%s/linked.json", dir);
+	ck_assert_int_eq(symlink(target, link), 0);
+	r = load(&n);
+	ck_assert_ptr_nonnull(r);
+	ck_assert_ptr_nonnull(rules_vhost(r, "linked"));
+	rules_unref(r);
+	snprintf(target, sizeof(target), "%s/fifo", dir);
+	ck_assert_int_eq(mkfifo(target, 0600), 0);
+	snprintf(link, sizeof(link), "%s/f.json", dir);
+	ck_assert_int_eq(symlink(target, link), 0);
+	ck_assert_int_eq(load_bounded(&n), 0);
+	ck_assert_ptr_nonnull(strstr(errbuf, "f.json: (file): not a regular file (a FIFO)"));
+}
+END_TEST
+
+/* More than 1 MiB is refused with the size, without being parsed. */
+START_TEST(size_capped)
+{
+	char path[256];
+	struct rules *r;
+	FILE *f;
+	int n;
+
+	fresh_dir();
+	snprintf(path, sizeof(path), "%s/big.json", dir);
+	f = fopen(path, "w");
+	ck_assert_ptr_nonnull(f);
+	fputs("{\"vhost\": \"big\", \"x\": \"", f);
+	for (n = 0; n < 1024 * 1024; n++)
+		fputc('a', f);
+	fputs("\"}", f);
+	fclose(f);
+	r = load(&n);
+	ck_assert_ptr_null(r);
+	ck_assert_int_eq(n, 1);
+	ck_assert_msg(strstr(errbuf, "big.json: (file): 1048601 bytes: a rules file is at most "
+				     "1 MiB (1048576 bytes)") != NULL,
+		      "%s", errbuf);
+	/* Exactly the cap is read. */
+	fresh_dir();
+	snprintf(path, sizeof(path), "%s/big.json", dir);
+	f = fopen(path, "w");
+	ck_assert_ptr_nonnull(f);
+	fputs("{\"vhost\": \"big\"}", f);
+	for (n = (int)strlen("{\"vhost\": \"big\"}"); n < 1024 * 1024; n++)
+		fputc(' ', f);
+	fclose(f);
+	r = load(&n);
+	ck_assert_ptr_nonnull(r);
+	rules_unref(r);
+}
+END_TEST
+
+/* cJSON would end "v\u0000x" at the NUL: refused with the key, wherever
+ * it is; control characters in a vhost name too. */
+START_TEST(nul_and_control_characters)
+{
+	refused("{\"vhost\": \"v\\u0000x\"}", "vhost",
+		"the string holds an escaped NUL (\\u0000), which would cut it short");
+	ck_assert_int_eq(strstr(errbuf, "is already named") == NULL, 1);
+	refused("{\"vhost\": \"v\", \"claim_check\": {\"match\": [{\"exchange\": \"x\"}, "
+		"{\"exchange\": \"a\\u0000\"}]}}",
+		"claim_check.match[1].exchange",
+		"the string holds an escaped NUL (\\u0000), which would cut it short");
+	refused("{\"vhost\": \"v\", \"idempotency\": [{\"queue\": \"q\", "
+		"\"key\": \"header:k\\u0000\"}]}",
+		"idempotency[0].key", "the string holds an escaped NUL");
+	refused("{\"vh\\u0000ost\": \"v\"}", "vh\\u0000ost",
+		"the key holds an escaped NUL (\\u0000)");
+	refused("{\"vhost\": \"a\\nb\"}", "vhost", "holds a control character (\\x0a)");
+	refused("{\"vhost\": \"\\u001b[2J\"}", "vhost", "holds a control character (\\x1b)");
+	refused("{\"vhost\": \"a\\u007f\"}", "vhost", "holds a control character (\\x7f)");
+	/* An escaped backslash before u0000 is no NUL. */
+	{
+		struct rules *r;
+		int n;
+
+		fresh_dir();
+		put("v.json", "{\"vhost\": \"v\\\\u0000\"}");
+		r = load(&n);
+		ck_assert_ptr_nonnull(r);
+		ck_assert_ptr_nonnull(rules_vhost(r, "v\\u0000"));
+		rules_unref(r);
+	}
+}
+END_TEST
+
 static int tm(const char *pattern, const char *key)
 {
 	struct topic *t = topic_compile(pattern);
@@ -446,5 +620,9 @@ int main(void)
 	tcase_add_test(tc, topic_semantics);
 	tcase_add_test(tc, exchange_forms);
 	tcase_add_test(tc, upstream_lists);
+	tcase_add_test(tc, only_regular_files);
+	tcase_add_test(tc, symlinks_followed);
+	tcase_add_test(tc, size_capped);
+	tcase_add_test(tc, nul_and_control_characters);
 	return unit_run("rules", tc, 0);
 }
