@@ -1,14 +1,16 @@
-/* schedule: a publish with a delay header rewritten onto the schedule ladder. */
+/* schedule: a publish with a delay header rewritten onto the schedule
+ * ladder (the pattern's publish side; its scheduler is scheduler.c). */
 #include "schedule.h"
 
 #include "../../amqp/table.h"
 #include "../engine.h"
-#include "../ladder.h"
 #include "../log.h"
 #include "../pipeline.h"
 #include "../rules.h"
 #include "../store/state.h"
 #include "../worker.h"
+#include "ladder.h"
+#include "scheduler.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -172,9 +174,9 @@ static enum pipe_verdict schedule_message(void *state, struct pipeline *p, struc
 	if (d != LADDER_DELAY_OK) {
 		/* Delivered at once, without the header; a bad value is
 		 * counted twice: delivered at once, and bad. */
-		engine_count(st->engine, ENGINE_STAT_sched_now);
+		scheduler_count(st->engine, SCHEDULER_STAT_sched_now);
 		if (d == LADDER_DELAY_BAD)
-			engine_count(st->engine, ENGINE_STAT_sched_bad);
+			scheduler_count(st->engine, SCHEDULER_STAT_sched_bad);
 		if (table_remove(&m->props->headers, rule->header))
 			m->props_dirty = 1;
 		return PIPE_PASS;
@@ -190,13 +192,13 @@ static enum pipe_verdict schedule_message(void *state, struct pipeline *p, struc
 	pub->routing_key = amqp_cstring_bytes(rung->queue);
 	m->method_dirty = 1;
 	m->props_dirty = 1;
-	engine_count(st->engine, ENGINE_STAT_scheduled);
+	scheduler_count(st->engine, SCHEDULER_STAT_scheduled);
 	/* Without credentials of its own the proxy relies on whoever runs the
 	 * scheduler to have declared the ladder (the broker answers 404 if not). */
-	if (!engine_enabled() || engine_ladder_ready(st->engine))
+	if (!engine_enabled() || scheduler_ladder_ready(st->engine))
 		return PIPE_PASS;
 	if ((w = calloc(1, sizeof(*w))) == NULL ||
-	    (w->req = engine_req_new(p->w, ENGINE_LADDER, schedule_ladder_done)) == NULL) {
+	    (w->req = engine_req_new(p->w, ENGINE_DECLARE, schedule_ladder_done)) == NULL) {
 		free(w);
 		return PIPE_REFUSE;
 	}
@@ -222,4 +224,5 @@ static const struct pipe_hook schedule_hook = {
 void schedule_register(void)
 {
 	pipeline_register(&schedule_hook);
+	scheduler_register();
 }

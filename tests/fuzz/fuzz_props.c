@@ -4,7 +4,7 @@
  * what decoded, as they do on what a client or the control queue sends. */
 #include "amqp/content.h"
 #include "amqp/frame_scan.h"
-#include "src/ladder.h"
+#include "src/patterns/ladder.h"
 
 #include <event2/buffer.h>
 #include <stdlib.h>

@@ -4,7 +4,7 @@
 #include "tests/unit/unit.h"
 
 #include "amqp/table.h"
-#include "src/ladder.h"
+#include "src/patterns/ladder.h"
 
 #include <check.h>
 #include <string.h>

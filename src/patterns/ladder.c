@@ -3,7 +3,7 @@
  * message taken from the control queue. No sockets, no threads. */
 #include "ladder.h"
 
-#include "../amqp/table.h"
+#include "../../amqp/table.h"
 
 #include <errno.h>
 #include <math.h>
