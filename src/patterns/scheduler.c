@@ -173,6 +173,8 @@ static struct scheduler_exchange *scheduler_cached(struct scheduler *sc, amqp_by
 	return NULL;
 }
 
+/* One entry per name: a suspect mark replaces what a passive check found
+ * (the check that came just before the delivery the broker refused). */
 static void scheduler_cache(struct scheduler *sc, amqp_bytes_t name, int suspect, int64_t until)
 {
 	struct scheduler_exchange *c = &sc->cache[0];
@@ -180,9 +182,16 @@ static void scheduler_cache(struct scheduler *sc, amqp_bytes_t name, int suspect
 
 	if (name.len >= sizeof(c->name))
 		return;
-	for (i = 1; i < SCHEDULER_EXCHANGE_CACHE; i++)
-		if (sc->cache[i].until < c->until)
-			c = &sc->cache[i];
+	for (i = 0; i < SCHEDULER_EXCHANGE_CACHE; i++)
+		if (strlen(sc->cache[i].name) == name.len &&
+		    memcmp(sc->cache[i].name, name.bytes, name.len) == 0)
+			break;
+	if (i < SCHEDULER_EXCHANGE_CACHE)
+		c = &sc->cache[i];
+	else
+		for (i = 1; i < SCHEDULER_EXCHANGE_CACHE; i++)
+			if (sc->cache[i].until < c->until)
+				c = &sc->cache[i];
 	memcpy(c->name, name.bytes, name.len);
 	c->name[name.len] = '\0';
 	c->suspect = suspect;

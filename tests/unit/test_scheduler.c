@@ -2,7 +2,8 @@
  * link of the test's own (no broker): the ladder's declarations, what
  * becomes of each message from the control queue (dropped, hopped,
  * delivered, put back into the 1 s rung, refused), returns and confirms,
- * and its counters. */
+ * exchanges marked suspect after the publish channel closed, and its
+ * counters. */
 #include "amqp/table.h"
 #include "src/engine.h"
 #include "src/patterns/ladder.h"
@@ -530,6 +531,45 @@ START_TEST(test_returned_hop)
 }
 END_TEST
 
+/* The publish channel closed with a delivery out: its exchange is suspect
+ * for a while, and due messages for it go into the 1 s rung without
+ * asking. A hop out when it closed marks nothing. */
+START_TEST(test_suspect_after_close)
+{
+	amqp_message_t m;
+	struct engine_sent s = {0};
+
+	make(&m, "allowed-x", "k", 90000);
+	ck_assert_int_eq(client->message(st, 60, &m), 0);
+	unmake(&m);
+	s.kind = rec.pubs[0].kind;
+	s.exchange = amqp_cstring_bytes("allowed-x");
+	client->publish_closed(st, &s);
+
+	make(&m, "allowed-x", "k", -1);
+	ck_assert_int_eq(client->message(st, 61, &m), 0);
+	unmake(&m);
+	ck_assert_int_eq(rec.exists_calls, 1);
+	ck_assert_str_eq(rec.pubs[1].exchange, "allowed-x");
+	memset(&s, 0, sizeof(s));
+	s.kind = rec.pubs[1].kind;
+	s.input = 61;
+	s.exchange = amqp_cstring_bytes("allowed-x");
+	s.routing_key = amqp_cstring_bytes("k");
+	client->publish_closed(st, &s);
+
+	make(&m, "allowed-x", "k", -1);
+	ck_assert_int_eq(client->message(st, 62, &m), 0);
+	unmake(&m);
+	ck_assert_int_eq(rec.npubs, 3);
+	ck_assert_str_eq(rec.pubs[2].exchange, "acemq.schedule");
+	ck_assert_str_eq(rec.pubs[2].routing_key, "acemq.schedule.1s");
+	ck_assert_uint_eq(rec.pubs[2].input, 62);
+	ck_assert_int_eq(rec.exists_calls, 1);
+	ck_assert_int_eq(counter("unroutable"), 1);
+}
+END_TEST
+
 /* Every counter and the lateness buckets are in the stats member. */
 START_TEST(test_stats_names)
 {
@@ -559,6 +599,7 @@ int main(void)
 	tcase_add_test(tc, test_missing_exchange);
 	tcase_add_test(tc, test_returned_delivery);
 	tcase_add_test(tc, test_returned_hop);
+	tcase_add_test(tc, test_suspect_after_close);
 	tcase_add_test(tc, test_stats_names);
 	return unit_run("scheduler", tc, 0);
 }
