@@ -190,6 +190,44 @@ def test_engine_refuses_an_exchange_the_rules_do_not_allow(proxy):
     assert "no schedule rule allows it" in proxy.stderr()
 
 
+def test_exchange_that_refused_a_delivery_is_suspect_at_once():
+    """The target exchange is internal: the broker refuses the engine's
+    delivery with 403 and closes the publish channel, and from then on, for
+    10 s, due messages for that exchange go back into the 1 s rung instead
+    of being published again (each time closing the channel and the
+    connection). A vhost of the test's own."""
+    vhost = support.unique_name("acemq-sched-403")
+    support.rabbitmqctl("add_vhost", vhost)
+    support.rabbitmqctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
+    rules = tempfile.mkdtemp(prefix="acemq-sched-403-")
+    with open(os.path.join(rules, "v.json"), "w") as f:
+        f.write('{"vhost": "%s", "schedule": {"match": [{"exchange": "refused-x"}], '
+                '"engine": true}}' % vhost)
+    p = None
+    try:
+        d = pika.BlockingConnection(
+            pika.ConnectionParameters("127.0.0.1", support.BROKER_PORT, vhost))
+        d.channel().exchange_declare("refused-x", "fanout", internal=True)
+        d.close()
+        p = Proxy(rules, tempfile.mkdtemp(prefix="acemq-sched-403-data-"))
+        assert support.wait_until(lambda: p.engine(vhost).get("ladder_ready") == 1, 20), \
+            p.stderr()
+        c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", p.port, vhost))
+        for _ in range(5):
+            publish(c, "", b"x", 100, exchange="refused-x")
+        c.close()
+        # Due within about a second; after the one refusal each goes round
+        # the 1 s rung (twice each here) while the exchange is suspect.
+        assert support.wait_until(lambda: p.engine(vhost)["unroutable"] >= 10, 15), \
+            p.engine(vhost)
+        assert p.engine(vhost)["failures"] == 1, p.stderr()[-3000:]
+        assert p.stderr().count("403 ACCESS_REFUSED") == 1, p.stderr()[-3000:]
+    finally:
+        if p:
+            check_stopped(p)
+        support.rabbitmqctl("delete_vhost", vhost, check=False)
+
+
 def test_malformed_message_in_the_control_queue_is_dropped(proxy):
     before = proxy.engine()
     d = direct()
