@@ -13,11 +13,14 @@
 #include "pgconn.h"
 
 #include <libpq-fe.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <time.h>
+#include <unistd.h>
 
 #define PGSTORE_BATCH_MAX      1024
 #define PGSTORE_BACKOFF_MIN_MS 100
@@ -81,7 +84,7 @@ struct pgstore {
 	long timeout_ms;
 	pthread_t thread;
 	pthread_mutex_t lock; /* the queue, stop, counters, up */
-	pthread_cond_t cond;
+	int wake;             /* an eventfd: work was queued, or stop */
 	struct state_write *head, **tail;
 	int stop;
 	PGconn *conn; /* the thread's */
@@ -450,6 +453,37 @@ static void pgstore_complete(struct state_write *list)
 	}
 }
 
+/* Nothing to send: wait for work (the wake-up), for the time to connect
+ * again, or for the connection to say something: a database that shuts
+ * down or a connection that breaks is noticed now, not by the next
+ * operation (and /readyz follows). */
+static void pgstore_idle(struct pgstore *st)
+{
+	struct pollfd p[2] = {{st->wake, POLLIN, 0}, {-1, POLLIN, 0}};
+	uint64_t now = pgconn_now(), buf;
+	int timeout = -1;
+
+	if (st->conn)
+		p[1].fd = PQsocket(st->conn);
+	else
+		timeout = st->retry_at > now ? (int)(st->retry_at - now) : 0;
+	if (poll(p, 2, timeout) <= 0)
+		return;
+	if (p[0].revents & POLLIN)
+		while (read(st->wake, &buf, sizeof(buf)) > 0)
+			;
+	if (st->conn && (p[1].revents & (POLLIN | POLLHUP | POLLERR)) &&
+	    (PQconsumeInput(st->conn) == 0 || PQstatus(st->conn) == CONNECTION_BAD)) {
+		char err[256];
+
+		snprintf(err, sizeof(err), "connection lost: %s", PQerrorMessage(st->conn));
+		err[strcspn(err, "\n")] = 0;
+		pgstore_drop(st);
+		pgstore_episode(st, 0, err);
+		st->retry_at = pgconn_now(); /* at once, then with backoff */
+	}
+}
+
 static void *pgstore_main(void *arg)
 {
 	struct pgstore *st = arg;
@@ -461,21 +495,9 @@ static void *pgstore_main(void *arg)
 		pthread_mutex_lock(&st->lock);
 		while (st->head == NULL && !st->stop &&
 		       (st->conn != NULL || pgconn_now() < st->retry_at)) {
-			if (st->conn) {
-				pthread_cond_wait(&st->cond, &st->lock);
-			} else {
-				struct timespec ts;
-				uint64_t left = st->retry_at - pgconn_now();
-
-				clock_gettime(CLOCK_REALTIME, &ts);
-				ts.tv_sec += (time_t)(left / 1000);
-				ts.tv_nsec += (long)(left % 1000) * 1000000;
-				if (ts.tv_nsec >= 1000000000) {
-					ts.tv_sec++;
-					ts.tv_nsec -= 1000000000;
-				}
-				pthread_cond_timedwait(&st->cond, &st->lock, &ts);
-			}
+			pthread_mutex_unlock(&st->lock);
+			pgstore_idle(st);
+			pthread_mutex_lock(&st->lock);
 		}
 		if (st->head == NULL && st->stop) {
 			pthread_mutex_unlock(&st->lock);
@@ -521,14 +543,23 @@ static void *pgstore_main(void *arg)
 
 /* ---- queueing -------------------------------------------------------------------- */
 
+static void pgstore_wake(struct pgstore *st)
+{
+	uint64_t one = 1;
+
+	if (write(st->wake, &one, sizeof(one)) < 0) {
+		/* The counter is full: it is being woken anyway. */
+	}
+}
+
 static void pgstore_enqueue(struct pgstore *st, struct state_write *head,
 			    struct state_write **tail, int n)
 {
 	pthread_mutex_lock(&st->lock);
 	*st->tail = head;
 	st->tail = tail;
-	pthread_cond_signal(&st->cond);
 	pthread_mutex_unlock(&st->lock);
+	pgstore_wake(st);
 }
 
 /* A worker's operations of one loop turn, handed over together when the
@@ -698,10 +729,11 @@ struct pgstore *pgstore_open(const struct pgstore_settings *set)
 	st->backoff_ms = PGSTORE_BACKOFF_MIN_MS;
 	st->tail = &st->head;
 	pthread_mutex_init(&st->lock, NULL);
-	pthread_cond_init(&st->cond, NULL);
-	if (pthread_create(&st->thread, NULL, pgstore_main, st) != 0) {
+	st->wake = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (st->wake < 0 || pthread_create(&st->thread, NULL, pgstore_main, st) != 0) {
+		if (st->wake >= 0)
+			close(st->wake);
 		pthread_mutex_destroy(&st->lock);
-		pthread_cond_destroy(&st->cond);
 		free(st->conninfo);
 		free(st);
 		return NULL;
@@ -715,11 +747,11 @@ void pgstore_close(struct pgstore *st)
 		return;
 	pthread_mutex_lock(&st->lock);
 	st->stop = 1;
-	pthread_cond_signal(&st->cond);
 	pthread_mutex_unlock(&st->lock);
+	pgstore_wake(st);
 	pthread_join(st->thread, NULL);
+	close(st->wake);
 	pthread_mutex_destroy(&st->lock);
-	pthread_cond_destroy(&st->cond);
 	/* The connection string may hold a password. */
 	memset(st->conninfo, 0, strlen(st->conninfo));
 	free(st->conninfo);
