@@ -97,7 +97,16 @@ struct pgstore {
 /* After connecting: the timeouts, the schema (created when missing, under
  * an advisory lock so that proxies starting together do not race; a newer
  * version is refused), the statements prepared, pipeline mode. */
-static int pgstore_setup(PGconn *c, long timeout_ms, char *err, size_t errlen)
+/* What is left of a deadline, in ms (at least 1: then the wait times out). */
+static long pgstore_left(uint64_t deadline)
+{
+	uint64_t now = pgconn_now();
+
+	return deadline > now ? (long)(deadline - now) : 1;
+}
+
+static int pgstore_setup(PGconn *c, long timeout_ms, uint64_t deadline, char *err,
+			 size_t errlen)
 {
 	static const Oid types[5] = {25, 25, 17, 20, 17}; /* text text bytea int8 bytea */
 	const char *const sqls[3] = {pgstore_claim_sql, pgstore_confirm_sql,
@@ -108,28 +117,28 @@ static int pgstore_setup(PGconn *c, long timeout_ms, char *err, size_t errlen)
 	long version;
 
 	snprintf(sql, sizeof(sql), "SET statement_timeout = %ld", timeout_ms);
-	rc = pgconn_exec(c, sql, timeout_ms, NULL, err, errlen);
+	rc = pgconn_exec(c, sql, pgstore_left(deadline), NULL, err, errlen);
 	if (rc == PGCONN_OK)
 		rc = pgconn_exec(c,
 				 "SELECT to_regclass('acemq_schema') IS NOT NULL AND "
 				 "to_regclass('acemq_idempotency') IS NOT NULL AND "
 				 "to_regclass('acemq_dedup_publish') IS NOT NULL",
-				 timeout_ms, &res, err, errlen);
+				 pgstore_left(deadline), &res, err, errlen);
 	if (rc != PGCONN_OK)
 		return rc;
 	if (PQntuples(res) != 1 || strcmp(PQgetvalue(res, 0, 0), "t") != 0) {
 		/* One statement string: one transaction, the lock its own. */
 		snprintf(sql, sizeof(sql), "SELECT pg_advisory_xact_lock(%d, %d);\n%s",
 			 PGSTORE_LOCK_CLASS, PGSTORE_LOCK_SCHEMA, pgstore_schema_sql);
-		rc = pgconn_exec(c, sql, timeout_ms, NULL, err, errlen);
+		rc = pgconn_exec(c, sql, pgstore_left(deadline), NULL, err, errlen);
 		if (rc == PGCONN_OK)
 			log_info("postgres: schema version %d created", PGSTORE_SCHEMA_VERSION);
 	}
 	PQclear(res);
 	res = NULL;
 	if (rc == PGCONN_OK)
-		rc = pgconn_exec(c, "SELECT max(version) FROM acemq_schema", timeout_ms, &res,
-				 err, errlen);
+		rc = pgconn_exec(c, "SELECT max(version) FROM acemq_schema",
+				 pgstore_left(deadline), &res, err, errlen);
 	if (rc != PGCONN_OK)
 		return rc;
 	version =
@@ -150,7 +159,7 @@ static int pgstore_setup(PGconn *c, long timeout_ms, char *err, size_t errlen)
 			snprintf(name, sizeof(name), "acemq_%d_%d", t, k);
 			if (!PQsendPrepare(c, name, sql, 5, types))
 				return PGCONN_LOST;
-			rc = pgconn_collect(c, pgconn_now() + (uint64_t)timeout_ms, &res);
+			rc = pgconn_collect(c, deadline, &res);
 			if (rc != PGCONN_OK) {
 				snprintf(err, errlen, "preparing: %s",
 					 res ? PQresultErrorMessage(res) : PQerrorMessage(c));
@@ -190,14 +199,16 @@ static void pgstore_drop(struct pgstore *st)
 	st->conn = NULL;
 }
 
-/* Try to connect now; on failure the next try is after the backoff. */
-static void pgstore_try_connect(struct pgstore *st)
+/* Try to connect now, by the deadline; on failure the next try is after
+ * the backoff. */
+static void pgstore_try_connect(struct pgstore *st, uint64_t deadline)
 {
 	char err[512];
 	int rc;
 
-	st->conn = pgconn_connect(st->conninfo, st->timeout_ms, err, sizeof(err));
-	rc = st->conn ? pgstore_setup(st->conn, st->timeout_ms, err, sizeof(err)) : PGCONN_LOST;
+	st->conn = pgconn_connect(st->conninfo, pgstore_left(deadline), err, sizeof(err));
+	rc = st->conn ? pgstore_setup(st->conn, st->timeout_ms, deadline, err, sizeof(err))
+		      : PGCONN_LOST;
 	pthread_mutex_lock(&st->lock);
 	if (rc == PGCONN_OK)
 		st->counters.connects++;
@@ -388,24 +399,26 @@ static void pgstore_fail(struct pgstore_item *v, int n)
  * was lost, once more after connecting again at once. */
 static void pgstore_batch(struct pgstore *st, struct pgstore_item *v, int n)
 {
+	uint64_t deadline = pgconn_now() + (uint64_t)st->timeout_ms;
 	char err[512] = "";
 	int rc = PGCONN_LOST, i, k;
 
+	/* A connect and the round trip share one deadline. */
 	if (st->conn == NULL && pgconn_now() >= st->retry_at)
-		pgstore_try_connect(st);
+		pgstore_try_connect(st, deadline);
 	/* Down (and not yet time to try again): failed at once, so the
 	 * patterns fail open without waiting. */
 	for (k = 0; k < 2 && st->conn; k++) {
-		rc = pgstore_round_trip(st, v, n, pgconn_now() + (uint64_t)st->timeout_ms, err,
-					sizeof(err));
+		rc = pgstore_round_trip(st, v, n, deadline, err, sizeof(err));
 		if (rc != PGCONN_LOST)
 			break;
 		pgstore_drop(st);
 		if (k == 0)
-			pgstore_try_connect(st);
+			pgstore_try_connect(st, deadline);
 	}
 	if (rc == PGCONN_SQL) {
-		uint64_t deadline = pgconn_now() + (uint64_t)st->timeout_ms;
+		/* The database answers: the one by one get a deadline of their own. */
+		deadline = pgconn_now() + (uint64_t)st->timeout_ms;
 
 		log_warning("postgres: a round trip failed (%s); its operations are sent one "
 			    "by one",
@@ -514,7 +527,8 @@ static void *pgstore_main(void *arg)
 			st->tail = &st->head;
 		pthread_mutex_unlock(&st->lock);
 		if (list == NULL) {
-			pgstore_try_connect(st); /* eager: /readyz knows */
+			/* eager: /readyz knows */
+			pgstore_try_connect(st, pgconn_now() + (uint64_t)st->timeout_ms);
 			continue;
 		}
 		if (v == NULL) {
