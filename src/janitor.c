@@ -82,7 +82,7 @@ static void janitor_purge(const struct rules *r, int orphans)
 		n = pgstore_purge(idem_postgresql(), 1000, 100);
 		if (n > 0)
 			log_info("janitor: %ld PostgreSQL key%s past their time removed", n,
-				 n == 1 ? "" : "s");
+				 janitor_s(n));
 	}
 }
 
