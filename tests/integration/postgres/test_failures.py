@@ -120,6 +120,14 @@ def _cluster_pids(pg):
     return [main] + [int(p) for p in out.stdout.split()]
 
 
+def _resume(pids):
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+
 def test_database_hanging_mid_round_trip(pg, top, fresh):
     """Every process of the cluster stopped (SIGSTOP) while the proxy is
     connected: a round trip costs at most the timeout, then the
@@ -141,14 +149,12 @@ def test_database_hanging_mid_round_trip(pg, top, fresh):
         got = consume_all(h.port, IDEM_Q, idle=3)
         assert sorted(g[0] for g in got) == sorted(keys)
         assert h.metric('acemq_proxy_postgres_round_trip_errors_total{why="timeout"}') >= 1
+        _resume(pids)
+        pids = []
+        assert wait_ready(h, 200)
     finally:
-        for p in pids:
-            try:
-                os.kill(p, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-    assert wait_ready(h, 200)
-    h.stop()
+        _resume(pids)
+        h.stop()
 
 
 def test_unit_decisions_on_a_real_database(pg):
