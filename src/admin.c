@@ -8,6 +8,7 @@
 #include "session.h"
 #include "stats.h"
 #include "store/claims.h"
+#include "store/idem.h"
 #include "store/state.h"
 #include "upstream.h"
 #include "vstats.h"
@@ -493,6 +494,7 @@ static void admin_metrics(struct evhttp_request *req, void *arg)
 #undef ADMIN_METRIC
 	admin_msg_time(out);
 	engine_metrics(out);
+	idem_metrics(out);
 	vstats_metrics(out);
 	evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
 			  "text/plain; version=0.0.4");
@@ -529,8 +531,14 @@ static void admin_config(struct evhttp_request *req, void *arg)
 static void admin_ready(struct evhttp_request *req, void *arg)
 {
 	struct evbuffer *out = evbuffer_new();
+	struct rules *r = admin_rules_cb ? admin_rules_cb() : NULL;
+	const char *unready = idem_unready(r);
 
-	if (upstream_any_up()) {
+	rules_unref(r);
+	if (unready) {
+		evbuffer_add_printf(out, "%s\n", unready);
+		evhttp_send_reply(req, 503, "Service Unavailable", out);
+	} else if (upstream_any_up()) {
 		evbuffer_add_printf(out, "ready\n");
 		evhttp_send_reply(req, 200, "OK", out);
 	} else {

@@ -95,7 +95,12 @@
 	X(S3_CA, "s3_ca", CFG_STR, "", 0, 0,                                                 \
 	  "S3 claim stores: CA certificates for the endpoint (PEM; empty: the system's)")    \
 	X(S3_PART_SIZE, "s3_part_size", CFG_INT, "8388608", 5242880, 1073741824,             \
-	  "S3 claim stores: bytes per part; a larger payload is a multipart upload")
+	  "S3 claim stores: bytes per part; a larger payload is a multipart upload")         \
+	X(POSTGRES_URL, "postgres_url", CFG_SECRET, "", 0, 0,                                \
+	  "PostgreSQL connection string or URI for rules whose store is postgresql")         \
+	X(POSTGRES_TIMEOUT_MS, "postgres_timeout_ms", CFG_INT, "2000", 10, 600000,           \
+	  "longest a PostgreSQL round trip (or connect) may take before it counts as "       \
+	  "failed")
 
 enum config_id {
 #define CONFIG_ENUM(id, name, type, def, min, max, help) CFG_##id,

@@ -5,6 +5,7 @@
 #include "rules.h"
 #include "store/claims.h"
 #include "store/idem.h"
+#include "store/pgstore.h"
 #include "store/state.h"
 
 #include <errno.h>
@@ -74,6 +75,14 @@ static void janitor_purge(const struct rules *r, int orphans)
 					 "their window removed",
 					 v->vhost, n, janitor_s(n));
 		}
+	}
+	/* PostgreSQL's rows are the fleet's: one purge for every vhost, by
+	 * one proxy at a time, never at start-up. */
+	if (r && r->any_postgresql && idem_postgresql() && !orphans) {
+		n = pgstore_purge(idem_postgresql(), 1000, 100);
+		if (n > 0)
+			log_info("janitor: %ld PostgreSQL key%s past their time removed", n,
+				 janitor_s(n));
 	}
 }
 

@@ -13,6 +13,8 @@
 #include "probe.h"
 #include "rules.h"
 #include "store/claims.h"
+#include "store/idem.h"
+#include "store/pgstore.h"
 #include "store/s3.h"
 #include "store/state.h"
 #include "tls.h"
@@ -157,6 +159,7 @@ int main(int argc, char **argv)
 		if (upstream_add(cfg.v[CFG_UPSTREAM].list[i]) != 0)
 			nerr++;
 	upstream_set_retry_ms(config_num(&cfg, CFG_UPSTREAM_RETRY_MS));
+	rules_set_postgresql(config_str(&cfg, CFG_POSTGRES_URL)[0] != '\0');
 	{
 		int rerr = 0;
 		struct rules *r = rules_load(config_str(&cfg, CFG_RULES), stderr, &rerr);
@@ -231,6 +234,16 @@ int main(int argc, char **argv)
 		dedup_publish_init(state);
 	}
 	s3_configure_from(&cfg);
+	if (config_str(&cfg, CFG_POSTGRES_URL)[0]) {
+		struct pgstore_settings set = {config_str(&cfg, CFG_POSTGRES_URL),
+					       config_num(&cfg, CFG_POSTGRES_TIMEOUT_MS)};
+
+		idem_set_postgresql(pgstore_open(&set));
+		if (idem_postgresql() == NULL) {
+			log_error("postgres: cannot start its thread");
+			return 1;
+		}
+	}
 	if (jobs_start((int)config_num(&cfg, CFG_IO_THREADS)) != 0) {
 		log_error("cannot start the I/O threads");
 		return 1;
@@ -304,6 +317,7 @@ int main(int argc, char **argv)
 	jobs_stop();
 	s3_stop();
 	tls_free();
+	pgstore_close(idem_postgresql());
 	state_close(state);
 	rules_unref(main_rules);
 	for (i = 0; i < main_nworkers; i++) {

@@ -22,6 +22,7 @@ struct rules_ctx {
 };
 
 static uint64_t rules_generation;
+static int rules_postgresql;
 
 static void rules_error(struct rules_ctx *c, const char *key, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -289,10 +290,44 @@ static void rules_parse_schedule(struct rules_ctx *c, const cJSON *obj,
 	sc->engine = rules_bool(c, obj, "schedule", "engine", 1);
 }
 
+void rules_set_postgresql(int configured)
+{
+	rules_postgresql = configured;
+}
+
+/* "store": {"type": "lmdb" | "postgresql"} of an idempotency entry or of
+ * dedup_publish. */
+static enum rules_keys_store rules_parse_keys_store(struct rules_ctx *c, const cJSON *obj,
+						    const char *at)
+{
+	static const char *const keys[] = {"type", NULL};
+	enum rules_keys_store out = RULES_KEYS_LMDB;
+	const cJSON *store = rules_object(c, obj, at, "store");
+	char path[96], *s;
+
+	if (store == NULL)
+		return out;
+	snprintf(path, sizeof(path), "%s.store", at);
+	rules_known_keys(c, store, path, keys);
+	s = rules_string(c, store, path, "type", 0);
+	snprintf(path, sizeof(path), "%s.store.type", at);
+	if (s && strcmp(s, "postgresql") == 0) {
+		out = RULES_KEYS_POSTGRESQL;
+		if (!rules_postgresql)
+			rules_error(c, path,
+				    "postgresql needs the setting postgres_url (or "
+				    "ACEMQ_PROXY_POSTGRES_URL), which is empty");
+	} else if (s && strcmp(s, "lmdb") != 0) {
+		rules_error(c, path, "'%s' is not lmdb or postgresql", s);
+	}
+	free(s);
+	return out;
+}
+
 static void rules_parse_dedup_publish(struct rules_ctx *c, const cJSON *obj,
 				      struct rules_dedup_publish *d)
 {
-	static const char *const keys[] = {"match", "header", "window_s", NULL};
+	static const char *const keys[] = {"match", "header", "window_s", "store", NULL};
 
 	d->enabled = 1;
 	rules_known_keys(c, obj, "dedup_publish", keys);
@@ -305,13 +340,14 @@ static void rules_parse_dedup_publish(struct rules_ctx *c, const cJSON *obj,
 	else if (strlen(d->header) > 255)
 		rules_error(c, "dedup_publish.header", "is longer than 255 bytes");
 	d->window_s = rules_int(c, obj, "dedup_publish", "window_s", 3600, 1, 365L * 86400);
+	d->store = rules_parse_keys_store(c, obj, "dedup_publish");
 }
 
 static void rules_parse_idempotency(struct rules_ctx *c, const cJSON *list,
 				    struct rules_vhost *v)
 {
 	static const char *const keys[] = {
-	    "queue", "key", "lease_s", "retention_s", "in_progress_delay_s", NULL};
+	    "queue", "key", "lease_s", "retention_s", "in_progress_delay_s", "store", NULL};
 	const cJSON *it;
 	char at[64];
 	int i = 0;
@@ -352,6 +388,7 @@ static void rules_parse_idempotency(struct rules_ctx *c, const cJSON *list,
 		d->retention_s = rules_int(c, it, at, "retention_s", 21600, 1, 365L * 86400);
 		d->in_progress_delay_s =
 		    rules_int(c, it, at, "in_progress_delay_s", 5, 0, 3600);
+		d->store = rules_parse_keys_store(c, it, at);
 		v->nidempotency++;
 	}
 }
@@ -714,6 +751,11 @@ struct rules *rules_load(const char *dir, FILE *err, int *nerrors)
 		}
 		if (v->upstream.n)
 			r->any_upstream = 1;
+		if (v->dedup_publish.enabled && v->dedup_publish.store == RULES_KEYS_POSTGRESQL)
+			r->any_postgresql = 1;
+		for (j = 0; j < v->nidempotency; j++)
+			if (v->idempotency[j].store == RULES_KEYS_POSTGRESQL)
+				r->any_postgresql = 1;
 		r->n++;
 	}
 	for (i = 0; i < nnames; i++)

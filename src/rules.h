@@ -23,6 +23,9 @@ struct rules_matchlist {
 enum rules_store { RULES_STORE_LMDB, RULES_STORE_FILESYSTEM, RULES_STORE_S3 };
 enum rules_on_missing { RULES_MISSING_DEAD_LETTER, RULES_MISSING_PASS };
 enum rules_key { RULES_KEY_MESSAGE_ID, RULES_KEY_HEADER, RULES_KEY_JSON };
+/* Where idempotency keys and publish-dedup windows are kept: the embedded
+ * LMDB state of this host, or PostgreSQL shared by a fleet. */
+enum rules_keys_store { RULES_KEYS_LMDB, RULES_KEYS_POSTGRESQL };
 
 struct rules_claim_check {
 	int enabled;
@@ -48,6 +51,7 @@ struct rules_dedup_publish {
 	struct rules_matchlist match;
 	char *header;  /* the header whose value identifies a publish */
 	long window_s; /* how long a confirmed value is remembered */
+	enum rules_keys_store store;
 };
 
 struct rules_idempotency {
@@ -55,6 +59,7 @@ struct rules_idempotency {
 	enum rules_key key;
 	char *key_name; /* header name or JSON path */
 	long lease_s, retention_s, in_progress_delay_s;
+	enum rules_keys_store store;
 };
 
 struct rules_vhost {
@@ -74,7 +79,8 @@ struct rules {
 	uint64_t generation;
 	struct rules_vhost *v;
 	int n;
-	int any_upstream; /* a vhost names brokers of its own: the proxy greets clients */
+	int any_upstream;   /* a vhost names brokers of its own: the proxy greets clients */
+	int any_postgresql; /* a rule keeps its keys in PostgreSQL */
 };
 
 /* Load every *.json file of dir. Each error is printed to err as
@@ -82,6 +88,9 @@ struct rules {
  * (all-or-nothing), else a new set holding one reference. dir NULL or ""
  * gives an empty set. */
 struct rules *rules_load(const char *dir, FILE *err, int *nerrors);
+/* Whether the setting postgres_url is set: a rule asking for the
+ * postgresql store fails the load without it (default: not set). */
+void rules_set_postgresql(int configured);
 void rules_ref(struct rules *r);
 void rules_unref(struct rules *r);
 const struct rules_vhost *rules_vhost(const struct rules *r, const char *vhost);

@@ -60,6 +60,7 @@ struct dedup_publish_entry {
 	struct event *timer; /* WAITING: the next check */
 	long poll_ms;
 	long window_s;
+	int postgresql;         /* its rule keeps the values in PostgreSQL */
 	unsigned mandatory : 1; /* a basic.return may come for it */
 	unsigned returned : 1;  /* ... and did: not remembered */
 	unsigned gone : 1;      /* its channel closed while it waited */
@@ -206,7 +207,7 @@ static struct dedup_publish_op *dedup_publish_submit(struct dedup_publish_entry 
 			: what == IDEM_CONFIRM ? (uint64_t)e->window_s * 1000
 					       : 0;
 
-	if (dedup_publish_state == NULL || (op = calloc(1, sizeof(*op))) == NULL)
+	if ((op = calloc(1, sizeof(*op))) == NULL)
 		return NULL;
 	if (idem_dedup_prepare(&op->req, what, p->vhost, e->exchange, e->elen, e->value,
 			       e->vlen, e->owner, state_now_ms(), span) != 0) {
@@ -216,7 +217,10 @@ static struct dedup_publish_op *dedup_publish_submit(struct dedup_publish_entry 
 	op->req.w.call.fn = dedup_publish_done;
 	op->req.w.w = p->w;
 	link_set(&op->to, e);
-	state_submit(dedup_publish_state, &op->req.w);
+	if (idem_submit(dedup_publish_state, e->postgresql, &op->req) != 0) {
+		free(op);
+		return NULL;
+	}
 	return op;
 }
 
@@ -430,7 +434,8 @@ static void dedup_publish_done(struct worker_call *c)
 static struct dedup_publish_entry *dedup_publish_check(struct dedup_publish *st, uint16_t ch,
 						       const void *exchange, size_t elen,
 						       int mandatory, const void *v,
-						       size_t vlen, long window_s)
+						       size_t vlen,
+						       const struct rules_dedup_publish *r)
 {
 	struct dedup_publish_entry *e;
 
@@ -445,7 +450,8 @@ static struct dedup_publish_entry *dedup_publish_check(struct dedup_publish *st,
 	e->owner[0] = dedup_publish_instance ^ hash_spread(++st->seq);
 	e->owner[1] = (st->p->id << 16) | ch;
 	e->poll_ms = DEDUP_PUBLISH_POLL_MIN_MS;
-	e->window_s = window_s;
+	e->window_s = r->window_s;
+	e->postgresql = r->store == RULES_KEYS_POSTGRESQL;
 	e->mandatory = mandatory != 0;
 	e->elen = elen;
 	memcpy(e->exchange, exchange, elen);
@@ -554,7 +560,7 @@ static int dedup_publish_ahead_frame(void *arg, const struct frame_info *fi,
 				  dedup_publish_direct(&amqp_empty_bytes, &props->reply_to)))
 			goto out; /* no value, or a request answered by direct reply-to */
 		e = dedup_publish_check(st, a->channel, a->exchange, a->elen, a->mandatory, v,
-					vlen, a->r->window_s);
+					vlen, a->r);
 		if (e)
 			e->ahead = 1;
 	}
@@ -695,7 +701,7 @@ static enum pipe_verdict dedup_publish_message(void *state, struct pipeline *p,
 		return PIPE_PASS;
 	}
 	e = dedup_publish_check(st, ch->id, pub->exchange.bytes, pub->exchange.len,
-				pub->mandatory, v, vlen, r->window_s);
+				pub->mandatory, v, vlen, r);
 	if (e == NULL) {
 		/* Cannot even ask: forwarded, not remembered. */
 		p->w->stats.dedup_store_errors++;

@@ -56,6 +56,7 @@ struct idempotency_entry {
 	struct engine_req *put;    /* a held one's put-back, out */
 	struct vstats *vs;         /* its vhost and queue's counters */
 	int put_rc;
+	int postgresql;        /* its rule keeps the keys in PostgreSQL */
 	unsigned settling : 1; /* its confirm or forget is out or done */
 	unsigned settled : 1;  /* ... and done */
 	unsigned counted : 1;  /* the settle gate waits for it */
@@ -158,16 +159,18 @@ static struct idempotency_op *idempotency_submit(struct idempotency *st,
 			: what == IDEM_CONFIRM ? (uint64_t)e->retention_s * 1000
 					       : 0;
 
-	if (op == NULL || idempotency_state == NULL ||
-	    idem_prepare(&op->req, what, st->p->vhost, e->queue, e->key, e->klen, owner,
-			 state_now_ms(), span) != 0) {
+	if (op == NULL || idem_prepare(&op->req, what, st->p->vhost, e->queue, e->key, e->klen,
+				       owner, state_now_ms(), span) != 0) {
 		free(op);
 		return NULL;
 	}
 	op->req.w.call.fn = idempotency_done;
 	op->req.w.w = st->p->w;
 	link_set(&op->to, e);
-	state_submit(idempotency_state, &op->req.w);
+	if (idem_submit(idempotency_state, e->postgresql, &op->req) != 0) {
+		free(op);
+		return NULL;
+	}
 	return op;
 }
 
@@ -472,6 +475,7 @@ static struct idempotency_entry *idempotency_entry_new(struct idempotency *st, u
 	e->lease_s = r->lease_s;
 	e->retention_s = r->retention_s;
 	e->delay_s = r->in_progress_delay_s;
+	e->postgresql = r->store == RULES_KEYS_POSTGRESQL;
 	e->vs = idempotency_vstats(st, queue);
 	hash_add(&st->entries, hash_mix(tag, ch), &e->hnode);
 	return e;

@@ -3,6 +3,10 @@
  * transaction. */
 #include "idem.h"
 
+#include "../rules.h"
+#include "pgstore.h"
+
+#include <event2/buffer.h>
 #include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -244,4 +248,64 @@ long idem_dedup_purge(struct state *st, const char *vhost, uint64_t now_ms)
 
 	snprintf(db, sizeof(db), "dedup/%s", vhost);
 	return idem_purge_db(st, db, now_ms);
+}
+
+static struct pgstore *idem_pg;
+static uint64_t idem_ops[2][3]; /* backend, op; atomic */
+
+void idem_set_postgresql(struct pgstore *pg)
+{
+	idem_pg = pg;
+}
+
+struct pgstore *idem_postgresql(void)
+{
+	return idem_pg;
+}
+
+int idem_submit(struct state *st, int postgresql, struct idem_req *r)
+{
+	if (postgresql ? idem_pg == NULL : st == NULL)
+		return -1;
+	__atomic_add_fetch(&idem_ops[postgresql != 0][r->what], 1, __ATOMIC_RELAXED);
+	if (postgresql)
+		pgstore_submit(idem_pg, r);
+	else
+		state_submit(st, &r->w);
+	return 0;
+}
+
+const char *idem_unready(const struct rules *r)
+{
+	if (r == NULL || !r->any_postgresql || (idem_pg && pgstore_ready(idem_pg)))
+		return NULL;
+	return "the PostgreSQL state store does not answer";
+}
+
+void idem_metrics(struct evbuffer *out)
+{
+	static const char *const backends[2] = {"lmdb", "postgresql"};
+	static const char *const ops[3] = {"claim", "confirm", "forget"};
+	char *text = NULL;
+	size_t len = 0;
+	FILE *f;
+	int b, o;
+
+	evbuffer_add_printf(out, "# HELP acemq_proxy_keys_operations_total idempotency and "
+				 "publish-dedup operations, by backend and op\n"
+				 "# TYPE acemq_proxy_keys_operations_total counter\n");
+	for (b = 0; b < 2; b++)
+		for (o = 0; o < 3; o++)
+			evbuffer_add_printf(out,
+					    "acemq_proxy_keys_operations_total{backend=\"%s\","
+					    "op=\"%s\"} %llu\n",
+					    backends[b], ops[o],
+					    (unsigned long long)__atomic_load_n(
+						&idem_ops[b][o], __ATOMIC_RELAXED));
+	if (idem_pg == NULL || (f = open_memstream(&text, &len)) == NULL)
+		return;
+	pgstore_metrics(idem_pg, f);
+	fclose(f);
+	evbuffer_add(out, text, len);
+	free(text);
 }

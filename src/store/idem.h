@@ -73,4 +73,21 @@ int idem_dedup_prepare(struct idem_req *r, enum idem_op what, const char *vhost,
 		       const uint64_t owner[2], uint64_t now_ms, uint64_t span_ms);
 long idem_dedup_purge(struct state *st, const char *vhost, uint64_t now_ms);
 
+/* The backends: the LMDB state of this host, or PostgreSQL (store/pgstore.h)
+ * when the setting postgres_url is set. The patterns hand every operation to
+ * idem_submit and do not know which backend answers. */
+struct pgstore;
+struct rules;
+struct evbuffer;
+void idem_set_postgresql(struct pgstore *pg);
+struct pgstore *idem_postgresql(void);
+/* Queue r, prepared, on st (postgresql 0) or on PostgreSQL; -1 when that
+ * backend is not there (nothing queued). */
+int idem_submit(struct state *st, int postgresql, struct idem_req *r);
+/* Why the proxy is not ready as far as these backends go (NULL: ready): a
+ * rule of r keeps its keys in PostgreSQL, which does not answer. */
+const char *idem_unready(const struct rules *r);
+/* Operations by backend, and PostgreSQL's own counters. */
+void idem_metrics(struct evbuffer *out);
+
 #endif

@@ -271,6 +271,53 @@ START_TEST(s3_store)
 }
 END_TEST
 
+/* "store": {"type": "postgresql"} for idempotency and dedup_publish:
+ * only with postgres_url set; lmdb by default. */
+START_TEST(keys_store)
+{
+	static const char *const both =
+	    "{\"vhost\": \"p\", \"dedup_publish\": {\"match\": [], \"store\": {\"type\": "
+	    "\"postgresql\"}}, \"idempotency\": [{\"queue\": \"a\"}, {\"queue\": \"b\", "
+	    "\"store\": {\"type\": \"postgresql\"}}, {\"queue\": \"c\", \"store\": "
+	    "{\"type\": \"lmdb\"}}]}";
+	const struct rules_vhost *v;
+	struct rules *r;
+	int n;
+
+	rules_set_postgresql(0);
+	refused(both, "dedup_publish.store.type",
+		"postgresql needs the setting postgres_url (or ACEMQ_PROXY_POSTGRES_URL), "
+		"which is empty");
+	ck_assert_ptr_nonnull(strstr(errbuf, "idempotency[1].store.type: postgresql needs"));
+	rules_set_postgresql(1);
+	refused("{\"vhost\": \"a\", \"idempotency\": [{\"queue\": \"q\", \"store\": "
+		"{\"type\": \"redis\"}}]}",
+		"idempotency[0].store.type", "'redis' is not lmdb or postgresql");
+	refused("{\"vhost\": \"a\", \"dedup_publish\": {\"match\": [], \"store\": "
+		"{\"type\": \"postgresql\", \"url\": \"x\"}}}",
+		"dedup_publish.store.url", "unknown key");
+	fresh_dir();
+	put("p.json", both);
+	put("q.json", "{\"vhost\": \"q\", \"idempotency\": [{\"queue\": \"a\"}]}");
+	r = load(&n);
+	ck_assert_msg(r != NULL, "%s", errbuf);
+	ck_assert_int_eq(r->any_postgresql, 1);
+	v = rules_vhost(r, "p");
+	ck_assert_int_eq(v->dedup_publish.store, RULES_KEYS_POSTGRESQL);
+	ck_assert_int_eq(v->idempotency[0].store, RULES_KEYS_LMDB);
+	ck_assert_int_eq(v->idempotency[1].store, RULES_KEYS_POSTGRESQL);
+	ck_assert_int_eq(v->idempotency[2].store, RULES_KEYS_LMDB);
+	rules_unref(r);
+	fresh_dir();
+	put("q.json", "{\"vhost\": \"q\", \"idempotency\": [{\"queue\": \"a\"}]}");
+	r = load(&n);
+	ck_assert_ptr_nonnull(r);
+	ck_assert_int_eq(r->any_postgresql, 0);
+	rules_unref(r);
+	rules_set_postgresql(0);
+}
+END_TEST
+
 START_TEST(duplicate_vhost_refused)
 {
 	struct rules *r;
@@ -624,5 +671,6 @@ int main(void)
 	tcase_add_test(tc, symlinks_followed);
 	tcase_add_test(tc, size_capped);
 	tcase_add_test(tc, nul_and_control_characters);
+	tcase_add_test(tc, keys_store);
 	return unit_run("rules", tc, 0);
 }
