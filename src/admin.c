@@ -1,8 +1,10 @@
-/* admin: the HTTP endpoint that shows counters and settings. */
+/* admin: the HTTP endpoint that shows counters and settings, on the
+ * project's own bounded HTTP server (http.c). */
 #include "admin.h"
 
 #include "config.h"
 #include "engine.h"
+#include "http.h"
 #include "log.h"
 #include "rules.h"
 #include "session.h"
@@ -14,21 +16,30 @@
 #include "vstats.h"
 #include "worker.h"
 
+#include <arpa/inet.h>
 #include <event2/buffer.h>
-#include <event2/http.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
 #include <time.h>
 
-static struct evhttp *admin_http;
+#define ADMIN_HASH_LEN 32 /* SHA-256 */
+
+static struct http_server *admin_http;
 static const struct config *admin_cfg;
 static struct worker *admin_workers;
 static int admin_nworkers;
 static admin_reload_fn admin_reload_cb;
 static admin_rules_fn admin_rules_cb;
-static const char *admin_token;
+static int admin_token_set;
+static unsigned char admin_token_hash[ADMIN_HASH_LEN];
 static struct state *admin_state;
 
 void admin_set_state(struct state *st)
@@ -36,48 +47,41 @@ void admin_set_state(struct state *st)
 	admin_state = st;
 }
 
-/* With a token set, every request carries it as a bearer token; compared
- * in constant time. */
-static int admin_authorized(struct evhttp_request *req)
+static int admin_hash(const char *s, unsigned char out[ADMIN_HASH_LEN])
 {
-	const char *auth, *p;
-	size_t n, i;
-	unsigned char diff;
+	unsigned int n = 0;
 
-	if (admin_token == NULL || admin_token[0] == '\0')
+	return EVP_Digest(s, strlen(s), out, &n, EVP_sha256(), NULL) == 1 && n == ADMIN_HASH_LEN
+		   ? 0
+		   : -1;
+}
+
+/* With a token set, every request but the health checks carries it as a
+ * bearer token (the scheme's name in any case, RFC 7235). Both sides are
+ * hashed and the hashes compared in constant time: neither the length nor
+ * any prefix of the token shows in the time an answer takes. Asked with
+ * the request head alone, before any body is read. */
+static int admin_authorize(const struct http_request *req, void *arg)
+{
+	const char *auth = http_header(req, "Authorization");
+	unsigned char got[ADMIN_HASH_LEN];
+
+	if (!admin_token_set)
 		return 1;
-	auth = evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
-	if (auth == NULL || strncmp(auth, "Bearer ", 7) != 0)
+	if (auth == NULL || strncasecmp(auth, "Bearer", 6) != 0 ||
+	    (auth[6] != ' ' && auth[6] != '\t'))
 		return 0;
-	p = auth + 7;
-	n = strlen(admin_token);
-	if (strlen(p) != n)
+	auth += 6;
+	while (*auth == ' ' || *auth == '\t')
+		auth++;
+	if (admin_hash(auth, got) != 0)
 		return 0;
-	for (i = 0, diff = 0; i < n; i++)
-		diff |= (unsigned char)(p[i] ^ admin_token[i]);
-	return diff == 0;
+	return CRYPTO_memcmp(got, admin_token_hash, ADMIN_HASH_LEN) == 0;
 }
 
-static int admin_deny(struct evhttp_request *req)
+static void admin_json(struct http_request *req, int code, struct evbuffer *out)
 {
-	struct evbuffer *out;
-
-	if (admin_authorized(req))
-		return 0;
-	out = evbuffer_new();
-	evbuffer_add_printf(out, "a bearer token is required\n");
-	evhttp_add_header(evhttp_request_get_output_headers(req), "WWW-Authenticate", "Bearer");
-	evhttp_send_reply(req, 401, "Unauthorized", out);
-	evbuffer_free(out);
-	return 1;
-}
-
-static void admin_json(struct evhttp_request *req, int code, const char *reason,
-		       struct evbuffer *out)
-{
-	evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
-			  "application/json");
-	evhttp_send_reply(req, code, reason, out);
+	http_reply(req, code, "application/json", out);
 }
 
 static void admin_json_str(struct evbuffer *out, const char *s)
@@ -96,9 +100,10 @@ static void admin_json_str(struct evbuffer *out, const char *s)
 
 /* GET /claims/VHOST/KEY: is the payload in the vhost's store, how large and
  * how old; never the payload itself. */
-static void admin_claims(struct evhttp_request *req, const char *rest)
+static void admin_claims(struct http_request *req, void *arg)
 {
 	struct evbuffer *out = evbuffer_new();
+	const char *rest = http_path(req) + strlen("/claims/");
 	const char *slash = strrchr(rest, '/');
 	char *vhost = NULL, *key = NULL;
 	struct rules *r = NULL;
@@ -109,19 +114,15 @@ static void admin_claims(struct evhttp_request *req, const char *rest)
 
 	if (slash == NULL || slash == rest) {
 		evbuffer_add_printf(out, "{\"error\": \"use /claims/VHOST/KEY\"}\n");
-		admin_json(req, 400, "Bad Request", out);
+		admin_json(req, 400, out);
 		goto out;
 	}
-	{
-		/* VHOST is percent-encoded ("/" is %2F): decode it alone. */
-		char *raw = strndup(rest, (size_t)(slash - rest));
-
-		vhost = raw ? evhttp_uridecode(raw, 0, NULL) : NULL;
-		free(raw);
-	}
-	key = evhttp_uridecode(slash + 1, 0, NULL);
+	/* VHOST is percent-encoded ("/" is %2F): decode it alone. */
+	vhost = http_uri_decode(rest, (size_t)(slash - rest));
+	key = http_uri_decode(slash + 1, strlen(slash + 1));
 	if (vhost == NULL || key == NULL) {
-		admin_json(req, 500, "Internal Server Error", out);
+		evbuffer_add_printf(out, "{\"error\": \"a name holds %%00\"}\n");
+		admin_json(req, 400, out);
 		goto out;
 	}
 	r = admin_rules_cb ? admin_rules_cb() : NULL;
@@ -134,13 +135,13 @@ static void admin_claims(struct evhttp_request *req, const char *rest)
 		evbuffer_add_printf(out,
 				    ", \"present\": false, \"error\": \"no claim_check rule "
 				    "for this vhost\"}\n");
-		admin_json(req, 404, "Not Found", out);
+		admin_json(req, 404, out);
 		goto out;
 	}
 	if (!claims_key_valid((const uint8_t *)key, strlen(key))) {
 		evbuffer_add_printf(out, ", \"present\": false, \"error\": \"not a key this "
 					 "store issues\"}\n");
-		admin_json(req, 400, "Bad Request", out);
+		admin_json(req, 400, out);
 		goto out;
 	}
 	claims_where(&where, vhost, &v->claim_check);
@@ -155,39 +156,20 @@ static void admin_claims(struct evhttp_request *req, const char *rest)
 		    (unsigned long long)size,
 		    (unsigned long long)(now > created ? (now - created) / 1000 : 0),
 		    v->claim_check.retention_s);
-		admin_json(req, 200, "OK", out);
+		admin_json(req, 200, out);
 	} else if (rc == 1) {
 		evbuffer_add_printf(out, ", \"present\": false}\n");
-		admin_json(req, 404, "Not Found", out);
+		admin_json(req, 404, out);
 	} else {
 		evbuffer_add_printf(out,
 				    ", \"present\": null, \"error\": \"the store could not "
 				    "be read\"}\n");
-		admin_json(req, 503, "Service Unavailable", out);
+		admin_json(req, 503, out);
 	}
 out:
 	rules_unref(r);
 	free(vhost);
 	free(key);
-	evbuffer_free(out);
-}
-
-static void admin_other(struct evhttp_request *req, void *arg)
-{
-	const char *path = evhttp_uri_get_path(evhttp_request_get_evhttp_uri(req));
-	struct evbuffer *out;
-
-	if (admin_deny(req))
-		return;
-
-	if (path && strncmp(path, "/claims/", 8) == 0 &&
-	    evhttp_request_get_command(req) == EVHTTP_REQ_GET) {
-		admin_claims(req, path + 8);
-		return;
-	}
-	out = evbuffer_new();
-	evbuffer_add_printf(out, "not found\n");
-	evhttp_send_reply(req, 404, "Not Found", out);
 	evbuffer_free(out);
 }
 
@@ -253,7 +235,7 @@ static void admin_snap_run(struct worker_call *c)
 	free(snap);
 }
 
-static void admin_connections(struct evhttp_request *req, void *arg)
+static void admin_connections(struct http_request *req, void *arg)
 {
 	struct admin_conns *all;
 	struct evbuffer *out;
@@ -261,11 +243,9 @@ static void admin_connections(struct evhttp_request *req, void *arg)
 	size_t len;
 	int i, missing;
 
-	if (admin_deny(req))
-		return;
 	if ((all = calloc(1, sizeof(*all))) == NULL || (all->rows = evbuffer_new()) == NULL) {
 		free(all);
-		evhttp_send_error(req, 500, "out of memory");
+		http_reply_text(req, 500, "out of memory\n");
 		return;
 	}
 	pthread_mutex_init(&all->lock, NULL);
@@ -307,31 +287,21 @@ static void admin_connections(struct evhttp_request *req, void *arg)
 	evbuffer_add_printf(out, "]\n}\n");
 	pthread_mutex_unlock(&all->lock);
 	admin_conns_unref(all);
-	evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
-			  "application/json");
-	evhttp_send_reply(req, 200, "OK", out);
+	http_reply(req, 200, "application/json", out);
 	evbuffer_free(out);
 }
 
-static void admin_reload(struct evhttp_request *req, void *arg)
+static void admin_reload(struct http_request *req, void *arg)
 {
 	struct evbuffer *out = evbuffer_new();
 	char *errors = NULL;
 
-	if (admin_deny(req)) {
-		evbuffer_free(out);
-		return;
-	}
-
-	if (evhttp_request_get_command(req) != EVHTTP_REQ_POST) {
-		evbuffer_add_printf(out, "use POST\n");
-		evhttp_send_reply(req, 405, "Method Not Allowed", out);
-	} else if (admin_reload_cb(&errors) == 0) {
+	if (admin_reload_cb(&errors) == 0) {
 		evbuffer_add_printf(out, "rules reloaded\n");
-		evhttp_send_reply(req, 200, "OK", out);
+		http_reply(req, 200, NULL, out);
 	} else {
 		evbuffer_add_printf(out, "%s", errors ? errors : "reload failed\n");
-		evhttp_send_reply(req, 400, "Bad Request", out);
+		http_reply(req, 400, NULL, out);
 	}
 	free(errors);
 	evbuffer_free(out);
@@ -356,16 +326,11 @@ static unsigned long admin_sum(struct stats *sum)
 	return open;
 }
 
-static void admin_stats(struct evhttp_request *req, void *arg)
+static void admin_stats(struct http_request *req, void *arg)
 {
 	struct evbuffer *out = evbuffer_new();
 	struct stats sum;
 	unsigned long open;
-
-	if (admin_deny(req)) {
-		evbuffer_free(out);
-		return;
-	}
 
 	open = admin_sum(&sum);
 	evbuffer_add_printf(out, "{\n  \"connections_open\": %lu", open);
@@ -391,9 +356,7 @@ static void admin_stats(struct evhttp_request *req, void *arg)
 	evbuffer_add_printf(out, ",\n  \"queues\": ");
 	vstats_json(out);
 	evbuffer_add_printf(out, "\n}\n");
-	evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
-			  "application/json");
-	evhttp_send_reply(req, 200, "OK", out);
+	http_reply(req, 200, "application/json", out);
 	evbuffer_free(out);
 }
 
@@ -434,17 +397,12 @@ static void admin_msg_time(struct evbuffer *out)
 }
 
 /* GET /metrics: the counters in Prometheus' text format. */
-static void admin_metrics(struct evhttp_request *req, void *arg)
+static void admin_metrics(struct http_request *req, void *arg)
 {
 	struct evbuffer *out = evbuffer_new();
 	struct stats sum;
 	unsigned long open;
 	const char *family = "";
-
-	if (admin_deny(req)) {
-		evbuffer_free(out);
-		return;
-	}
 
 	open = admin_sum(&sum);
 	evbuffer_add_printf(out,
@@ -496,23 +454,16 @@ static void admin_metrics(struct evhttp_request *req, void *arg)
 	engine_metrics(out);
 	idem_metrics(out);
 	vstats_metrics(out);
-	evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
-			  "text/plain; version=0.0.4");
-	evhttp_send_reply(req, 200, "OK", out);
+	http_reply(req, 200, "text/plain; version=0.0.4", out);
 	evbuffer_free(out);
 }
 
-static void admin_config(struct evhttp_request *req, void *arg)
+static void admin_config(struct http_request *req, void *arg)
 {
 	struct evbuffer *out = evbuffer_new();
 	char *text = NULL;
 	size_t len = 0;
 	FILE *f = open_memstream(&text, &len);
-
-	if (admin_deny(req)) {
-		evbuffer_free(out);
-		return;
-	}
 
 	if (f) {
 		config_dump(admin_cfg, f);
@@ -520,15 +471,14 @@ static void admin_config(struct evhttp_request *req, void *arg)
 		evbuffer_add(out, text, len);
 		free(text);
 	}
-	evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "text/plain");
-	evhttp_send_reply(req, 200, "OK", out);
+	http_reply(req, 200, "text/plain", out);
 	evbuffer_free(out);
 }
 
 /* GET /readyz: a broker address answers (none is marked down). While the
  * proxy drains the admin endpoint is closed, which a load balancer reads
  * as not ready. */
-static void admin_ready(struct evhttp_request *req, void *arg)
+static void admin_ready(struct http_request *req, void *arg)
 {
 	struct evbuffer *out = evbuffer_new();
 	struct rules *r = admin_rules_cb ? admin_rules_cb() : NULL;
@@ -537,28 +487,24 @@ static void admin_ready(struct evhttp_request *req, void *arg)
 	rules_unref(r);
 	if (unready) {
 		evbuffer_add_printf(out, "%s\n", unready);
-		evhttp_send_reply(req, 503, "Service Unavailable", out);
+		http_reply(req, 503, NULL, out);
 	} else if (upstream_any_up()) {
 		evbuffer_add_printf(out, "ready\n");
-		evhttp_send_reply(req, 200, "OK", out);
+		http_reply(req, 200, NULL, out);
 	} else {
 		evbuffer_add_printf(out, "no broker address answers\n");
-		evhttp_send_reply(req, 503, "Service Unavailable", out);
+		http_reply(req, 503, NULL, out);
 	}
 	evbuffer_free(out);
 }
 
 /* GET /rules: the rules in force: each vhost's file and its patterns. */
-static void admin_rules(struct evhttp_request *req, void *arg)
+static void admin_rules(struct http_request *req, void *arg)
 {
 	struct evbuffer *out = evbuffer_new();
 	struct rules *r;
 	int i;
 
-	if (admin_deny(req)) {
-		evbuffer_free(out);
-		return;
-	}
 	r = admin_rules_cb ? admin_rules_cb() : NULL;
 	evbuffer_add_printf(out, "{\"generation\": %llu, \"vhosts\": [",
 			    r ? (unsigned long long)r->generation : 0ULL);
@@ -600,29 +546,102 @@ static void admin_rules(struct evhttp_request *req, void *arg)
 	}
 	evbuffer_add_printf(out, "%s]}\n", r && r->n ? "\n" : "");
 	rules_unref(r);
-	admin_json(req, 200, "OK", out);
+	admin_json(req, 200, out);
 	evbuffer_free(out);
 }
 
-static void admin_health(struct evhttp_request *req, void *arg)
+static void admin_health(struct http_request *req, void *arg)
 {
 	struct evbuffer *out = evbuffer_new();
 	evbuffer_add_printf(out, "ok\n");
-	evhttp_send_reply(req, 200, "OK", out);
+	http_reply(req, 200, NULL, out);
 	evbuffer_free(out);
 }
 
+/* Whether every address host resolves to is a loopback one: 1, 0, or -1
+ * when it does not resolve. The name's spelling decides nothing ("127.x"
+ * may be any host's name). */
 static int admin_loopback(const char *host)
 {
-	return strcmp(host, "localhost") == 0 || strncmp(host, "127.", 4) == 0 ||
-	       strcmp(host, "::1") == 0;
+	struct addrinfo hints, *res = NULL, *ai;
+	int all = 1;
+
+	memset(&hints, 0, sizeof(hints));
+	hints.ai_socktype = SOCK_STREAM;
+	hints.ai_flags = AI_PASSIVE;
+	if (getaddrinfo(host, NULL, &hints, &res) != 0 || res == NULL)
+		return -1;
+	for (ai = res; ai; ai = ai->ai_next) {
+		if (ai->ai_family == AF_INET) {
+			const struct sockaddr_in *in = (const struct sockaddr_in *)ai->ai_addr;
+
+			if ((ntohl(in->sin_addr.s_addr) >> 24) != 127)
+				all = 0;
+		} else if (ai->ai_family == AF_INET6) {
+			const struct in6_addr *a =
+			    &((const struct sockaddr_in6 *)ai->ai_addr)->sin6_addr;
+
+			if (!IN6_IS_ADDR_LOOPBACK(a) &&
+			    !(IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127))
+				all = 0;
+		} else {
+			all = 0;
+		}
+	}
+	freeaddrinfo(res);
+	return all;
 }
+
+int admin_check(const char *addr, const char *token, char *err, size_t errlen)
+{
+	char host[256];
+	int port, lo;
+
+	if (config_addr_split(addr, host, sizeof(host), &port) != 0) {
+		snprintf(err, errlen, "admin %s: not HOST:PORT", addr);
+		return -1;
+	}
+	lo = admin_loopback(host);
+	if (lo < 0) {
+		snprintf(err, errlen, "admin %s: %s does not resolve", addr, host);
+		return -1;
+	}
+	/* Counters, rules and reloads are not for the whole network: off
+	 * loopback the endpoint needs a token. */
+	if (lo == 0 && (token == NULL || token[0] == '\0')) {
+		snprintf(err, errlen,
+			 "admin %s: not a loopback address (not every address %s resolves to "
+			 "is), and no admin_token is set",
+			 addr, host);
+		return -1;
+	}
+	return 0;
+}
+
+/* GET serves HEAD too; only the health checks are open without a token;
+ * a route that takes a body says how large. */
+static const struct http_route admin_routes[] = {
+    {"/stats", HTTP_GET, 0, 0, admin_stats, NULL},
+    {"/config", HTTP_GET, 0, 0, admin_config, NULL},
+    {"/health", HTTP_GET, 0, 1, admin_health, NULL},
+    {"/healthz", HTTP_GET, 0, 1, admin_health, NULL},
+    {"/metrics", HTTP_GET, 0, 0, admin_metrics, NULL},
+    {"/readyz", HTTP_GET, 0, 1, admin_ready, NULL},
+    {"/rules", HTTP_GET, 0, 0, admin_rules, NULL},
+    {"/reload", HTTP_POST, 0, 0, admin_reload, NULL},
+    {"/connections", HTTP_GET, 0, 0, admin_connections, NULL},
+    {"/claims/", HTTP_GET, 0, 0, admin_claims, NULL},
+};
 
 int admin_open(struct event_base *base, const char *addr, const struct config *cfg,
 	       struct worker *workers, int nworkers, admin_reload_fn reload,
 	       admin_rules_fn rules)
 {
-	char host[256];
+	const char *token = config_str(cfg, CFG_ADMIN_TOKEN);
+	struct http_settings set = {"admin", config_num(cfg, CFG_ADMIN_TIMEOUT_S) * 1000,
+				    (int)config_num(cfg, CFG_ADMIN_MAX_CONNECTIONS),
+				    admin_authorize, NULL};
+	char host[256], err[600];
 	int port;
 
 	admin_cfg = cfg;
@@ -630,39 +649,29 @@ int admin_open(struct event_base *base, const char *addr, const struct config *c
 	admin_nworkers = nworkers;
 	admin_reload_cb = reload;
 	admin_rules_cb = rules;
-	admin_token = config_str(cfg, CFG_ADMIN_TOKEN);
-	if (config_addr_split(addr, host, sizeof(host), &port) != 0) {
-		log_error("admin %s: not HOST:PORT", addr);
+	if (admin_check(addr, token, err, sizeof(err)) != 0 ||
+	    config_addr_split(addr, host, sizeof(host), &port) != 0) {
+		log_error("%s", err);
 		return -1;
 	}
-	/* Counters, rules and reloads are not for the whole network: off
-	 * loopback the endpoint needs a token. */
-	if (!admin_loopback(host) && admin_token[0] == '\0') {
-		log_error("admin %s: not a loopback address, and no admin_token is set", addr);
+	admin_token_set = token[0] != '\0';
+	if (admin_token_set && admin_hash(token, admin_token_hash) != 0) {
+		log_error("admin: cannot hash the token");
 		return -1;
 	}
-	admin_http = evhttp_new(base);
-	if (admin_http == NULL || evhttp_bind_socket(admin_http, host, (uint16_t)port) != 0) {
-		log_error("admin %s: cannot listen", addr);
+	admin_http =
+	    http_open(base, host, port, &set, admin_routes,
+		      (int)(sizeof(admin_routes) / sizeof(admin_routes[0])), err, sizeof(err));
+	if (admin_http == NULL) {
+		log_error("admin %s: %s", addr, err);
 		return -1;
 	}
-	evhttp_set_cb(admin_http, "/stats", admin_stats, NULL);
-	evhttp_set_cb(admin_http, "/config", admin_config, NULL);
-	evhttp_set_cb(admin_http, "/health", admin_health, NULL);
-	evhttp_set_cb(admin_http, "/healthz", admin_health, NULL);
-	evhttp_set_cb(admin_http, "/metrics", admin_metrics, NULL);
-	evhttp_set_cb(admin_http, "/readyz", admin_ready, NULL);
-	evhttp_set_cb(admin_http, "/rules", admin_rules, NULL);
-	evhttp_set_cb(admin_http, "/reload", admin_reload, NULL);
-	evhttp_set_cb(admin_http, "/connections", admin_connections, NULL);
-	evhttp_set_gencb(admin_http, admin_other, NULL);
 	log_info("admin endpoint on %s", addr);
 	return 0;
 }
 
 void admin_close(void)
 {
-	if (admin_http)
-		evhttp_free(admin_http);
+	http_free(admin_http);
 	admin_http = NULL;
 }

@@ -2,6 +2,8 @@
 #ifndef ACEMQ_ADMIN_H
 #define ACEMQ_ADMIN_H
 
+#include <stddef.h>
+
 struct event_base;
 struct config;
 struct worker;
@@ -14,6 +16,10 @@ typedef int (*admin_reload_fn)(char **errors);
 /* The rules in force, with a reference for the caller. */
 typedef struct rules *(*admin_rules_fn)(void);
 
+/* The rule the start applies to the admin address: HOST:PORT that
+ * resolves, and off loopback (any address the host resolves to is not
+ * loopback) only with a token. 0, or -1 with the reason in err. */
+int admin_check(const char *addr, const char *token, char *err, size_t errlen);
 int admin_open(struct event_base *base, const char *addr, const struct config *cfg,
 	       struct worker *workers, int nworkers, admin_reload_fn reload,
 	       admin_rules_fn rules);

@@ -44,6 +44,10 @@
 	X(ADMIN, "admin", CFG_STR, "", 0, 0, "admin HTTP address HOST:PORT (empty: off)")    \
 	X(ADMIN_TOKEN, "admin_token", CFG_SECRET, "", 0, 0,                                  \
 	  "bearer token the admin endpoint asks for (needed off loopback)")                  \
+	X(ADMIN_TIMEOUT_S, "admin_timeout_s", CFG_INT, "10", 1, 3600,                        \
+	  "admin connections: idle time, and time a request has to arrive whole")            \
+	X(ADMIN_MAX_CONNECTIONS, "admin_max_connections", CFG_INT, "64", 1, 10000,           \
+	  "admin connections open at once; more are closed at once")                         \
 	X(ENGINE_USER, "engine_user", CFG_STR, "", 0, 0,                                     \
 	  "the proxy's own broker user (scheduler, ladder, put-backs; empty: none)")         \
 	X(ENGINE_PASSWORD, "engine_password", CFG_SECRET, "", 0, 0,                          \

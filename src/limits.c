@@ -28,6 +28,7 @@ static size_t limits_nbuckets, limits_count;
 static uint64_t limits_seed;
 static long limits_per_vhost, limits_channels;
 static int limits_episode[LIMITS_REASONS];
+static long limits_open; /* atomic: client connections counted in */
 
 static const char *const limits_names[LIMITS_REASONS] = {
     "max_connections", "max_connections_per_vhost", "max_channels"};
@@ -53,6 +54,28 @@ long limits_max_channels(void)
 long limits_max_per_vhost(void)
 {
 	return limits_per_vhost;
+}
+
+int limits_connection_enter(long max)
+{
+	long n = __atomic_load_n(&limits_open, __ATOMIC_RELAXED);
+
+	do {
+		if (n >= max)
+			return -1;
+	} while (!__atomic_compare_exchange_n(&limits_open, &n, n + 1, 0, __ATOMIC_ACQ_REL,
+					      __ATOMIC_RELAXED));
+	return 0;
+}
+
+void limits_connection_leave(void)
+{
+	__atomic_sub_fetch(&limits_open, 1, __ATOMIC_ACQ_REL);
+}
+
+long limits_connections_open(void)
+{
+	return __atomic_load_n(&limits_open, __ATOMIC_RELAXED);
 }
 
 void limits_refused(enum limits_reason r, const char *what)

@@ -1,6 +1,6 @@
-/* limits: connection and channel limits the workers share: open
- * connections per vhost, channels per connection, and refusals logged once
- * per episode. */
+/* limits: connection and channel limits the workers share: client
+ * connections open, open connections per vhost, channels per connection,
+ * and refusals logged once per episode. */
 #ifndef ACEMQ_LIMITS_H
 #define ACEMQ_LIMITS_H
 
@@ -15,6 +15,13 @@ enum limits_reason {
 void limits_init(long max_connections_per_vhost, long max_channels);
 long limits_max_channels(void);
 long limits_max_per_vhost(void);
+/* The listener admits a client connection: 0 when fewer than max are
+ * open (it is counted at once), -1 at max. Exact under any burst: counted
+ * where the accept is decided, not where a worker takes the socket. */
+int limits_connection_enter(long max);
+/* A counted connection ended (its session went, or it never got one). */
+void limits_connection_leave(void);
+long limits_connections_open(void);
 /* A connection opens vhost: 0, or -1 when the vhost is at its limit (the
  * refusal is logged once per episode). */
 int limits_vhost_enter(const char *vhost);

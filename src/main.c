@@ -145,6 +145,58 @@ static void main_raise_nofile(void)
 	}
 }
 
+/* Every check the start makes before it opens anything, for the start and
+ * --check-config alike: the settings, the broker addresses, the rules, the
+ * TLS files, the engine's settings, and the listen and admin addresses
+ * (they resolve; an admin endpoint off loopback needs a token). Only
+ * binding the ports is left to the start. Errors go to err; returns how
+ * many. */
+static int main_check(struct config *cfg, int nerr, FILE *err)
+{
+	char why[600];
+	int i, rerr = 0, ids[] = {CFG_LISTEN, CFG_LISTEN_TLS};
+	struct rules *r;
+	const char *admin = config_str(cfg, CFG_ADMIN);
+
+	for (i = 0; nerr == 0 && i < cfg->v[CFG_UPSTREAM].nlist; i++)
+		if (upstream_add(cfg->v[CFG_UPSTREAM].list[i]) != 0)
+			nerr++;
+	upstream_set_retry_ms(config_num(cfg, CFG_UPSTREAM_RETRY_MS));
+	rules_set_postgresql(config_str(cfg, CFG_POSTGRES_URL)[0] != '\0');
+	r = rules_load(config_str(cfg, CFG_RULES), err, &rerr);
+	rules_unref(r);
+	nerr += rerr;
+	if (config_num(cfg, CFG_UPSTREAM_TLS) && config_num(cfg, CFG_UPSTREAM_PROXY_PROTOCOL)) {
+		fprintf(err, "upstream_tls and upstream_proxy_protocol together are not "
+			     "supported\n");
+		nerr++;
+	}
+	if (tls_configure(cfg, why, sizeof(why)) != 0) {
+		fprintf(err, "TLS: %s\n", why);
+		nerr++;
+	}
+	if (engine_configure(cfg) != 0) {
+		fprintf(err, "engine: cannot read the broker addresses or credentials\n");
+		nerr++;
+	}
+	for (i = 0; i < 2; i++) {
+		const struct config_value *v = &cfg->v[ids[i]];
+		int k;
+
+		for (k = 0; k < v->nlist; k++)
+			if (listener_check(v->list[k], why, sizeof(why)) != 0) {
+				fprintf(err, "%s\n", why);
+				nerr++;
+			}
+	}
+	if (admin[0] &&
+	    admin_check(admin, config_str(cfg, CFG_ADMIN_TOKEN), why, sizeof(why)) != 0) {
+		fprintf(err, "%s\n", why);
+		nerr++;
+	}
+	return nerr;
+}
+
 int main(int argc, char **argv)
 {
 	struct config cfg;
@@ -155,30 +207,21 @@ int main(int argc, char **argv)
 	long workers;
 
 	nerr = config_load(&cfg, argc, argv, stderr);
-	for (i = 0; nerr == 0 && i < cfg.v[CFG_UPSTREAM].nlist; i++)
-		if (upstream_add(cfg.v[CFG_UPSTREAM].list[i]) != 0)
-			nerr++;
-	upstream_set_retry_ms(config_num(&cfg, CFG_UPSTREAM_RETRY_MS));
-	rules_set_postgresql(config_str(&cfg, CFG_POSTGRES_URL)[0] != '\0');
-	{
-		int rerr = 0;
-		struct rules *r = rules_load(config_str(&cfg, CFG_RULES), stderr, &rerr);
-
-		rules_unref(r);
-		nerr += rerr;
-	}
+	nerr = main_check(&cfg, nerr, stderr);
 	if (cfg.check_only) {
 		if (nerr)
 			fprintf(stderr, "%d error%s in the configuration\n", nerr,
 				nerr == 1 ? "" : "s");
 		else
 			printf("configuration ok\n");
+		tls_free();
 		config_free(&cfg);
 		return nerr ? 1 : 0;
 	}
 	if (nerr) {
 		fprintf(stderr, "%d error%s in the configuration; not starting\n", nerr,
 			nerr == 1 ? "" : "s");
+		tls_free();
 		config_free(&cfg);
 		return 1;
 	}
@@ -199,24 +242,6 @@ int main(int argc, char **argv)
 	main_raise_nofile();
 	evthread_use_pthreads();
 	hooks_register();
-	if (engine_configure(&cfg) != 0) {
-		log_error("engine: cannot read the broker addresses or credentials");
-		return 1;
-	}
-	{
-		char err[512];
-
-		if (config_num(&cfg, CFG_UPSTREAM_TLS) &&
-		    config_num(&cfg, CFG_UPSTREAM_PROXY_PROTOCOL)) {
-			log_error("upstream_tls and upstream_proxy_protocol together are not "
-				  "supported");
-			return 1;
-		}
-		if (tls_configure(&cfg, err, sizeof(err)) != 0) {
-			log_error("TLS: %s", err);
-			return 1;
-		}
-	}
 	main_rules_dir = config_str(&cfg, CFG_RULES);
 	{
 		struct state_settings set = {config_str(&cfg, CFG_DATA_DIR),

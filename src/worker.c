@@ -1,6 +1,7 @@
 /* worker: a thread with its own event loop that owns the sessions handed to it. */
 #include "worker.h"
 
+#include "limits.h"
 #include "log.h"
 #include "rules.h"
 #include "session.h"
@@ -87,8 +88,12 @@ static void worker_notify_cb(evutil_socket_t fd, short what, void *arg)
 		list_for_each_entry_safe (s, &w->sessions, link)
 			session_rules_changed(s);
 	}
+	/* Each socket was counted in by the listener: one that gets no
+	 * session is counted out here, a session's when it ends. */
 	for (i = 0; i < n; i++)
-		session_new(w, q[i].fd, (struct sockaddr *)&q[i].sa, q[i].salen, q[i].tls);
+		if (session_new(w, q[i].fd, (struct sockaddr *)&q[i].sa, q[i].salen,
+				q[i].tls) == NULL)
+			limits_connection_leave();
 	free(q);
 	worker_run_posted(w);
 
@@ -236,5 +241,6 @@ void worker_session_remove(struct worker *w, struct session *s)
 {
 	list_del(&s->link);
 	w->nsessions--;
+	limits_connection_leave();
 	worker_check_drained(w);
 }

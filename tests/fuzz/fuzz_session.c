@@ -10,12 +10,14 @@
  *
  * Invariants checked beyond ASan/UBSan: once both peers have gone and the
  * timers have fired, the session is gone (no hang, no leak of a session),
- * and the worker is left with no sessions. */
+ * the worker is left with no sessions, and the connection the listener
+ * would have counted in is counted out. */
 #include "amqp/content.h"
 #include "amqp/frame_scan.h"
 #include "amqp/method.h"
 #include "src/hooks.h"
 #include "src/jobs.h"
+#include "src/limits.h"
 #include "src/log.h"
 #include "src/patterns/dedup_publish.h"
 #include "src/patterns/idempotency.h"
@@ -742,7 +744,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	fz.client_fd = sv[1];
 	fuzz_nonblock(sv[1]);
 	peer.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	/* Counted in as the listener does; counted out when the session ends. */
+	if (limits_connection_enter(1) != 0)
+		abort();
 	if (session_new(&fz.w, sv[0], (struct sockaddr *)&peer, sizeof(peer), 0) == NULL) {
+		limits_connection_leave();
 		close(sv[1]);
 		return 0;
 	}
@@ -765,7 +771,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			event_active(s->timer, EV_TIMEOUT, 1);
 		fuzz_run();
 	}
-	if (fuzz_session() != NULL || fz.w.nsessions != 0) {
+	if (fuzz_session() != NULL || fz.w.nsessions != 0 || limits_connections_open() != 0) {
 		fprintf(stderr, "fuzz_session: the session outlived both peers (state %d)\n",
 			fuzz_session() ? (int)fuzz_session()->state : -1);
 		abort();

@@ -75,6 +75,43 @@ def test_check_config_reports_every_error_with_where():
     assert "5 errors" in err
 
 
+def test_check_config_runs_the_admin_rule():
+    """--check-config refuses what the start refuses: an admin endpoint off
+    loopback without a token. Loopback is what the host resolves to, not
+    how it is spelt."""
+    port = free_port()
+    r = run("--check-config", "--admin", f"0.0.0.0:{port}")
+    assert r.returncode == 1, r.stdout
+    assert "configuration ok" not in r.stdout
+    assert f"admin 0.0.0.0:{port}: not a loopback address" in r.stderr
+    assert "no admin_token is set" in r.stderr and "1 error" in r.stderr
+    # The start refuses it in the same words.
+    r = run("--admin", f"0.0.0.0:{port}", "--listen", f"127.0.0.1:{free_port()}")
+    assert r.returncode == 1 and "no admin_token is set" in r.stderr
+    assert "not starting" in r.stderr
+    # A name that only begins like a loopback address is resolved.
+    r = run("--check-config", "--admin", f"127.0.0.1.invalid:{port}")
+    assert r.returncode == 1 and "127.0.0.1.invalid does not resolve" in r.stderr, r.stderr
+    # With a token, or on loopback (by name too), it checks.
+    for args in (["--admin", f"0.0.0.0:{port}", "--admin-token", "t"],
+                 ["--admin", f"localhost:{port}"], ["--admin", f"[::1]:{port}"],
+                 ["--admin", f"127.0.0.2:{port}"]):
+        r = run("--check-config", *args)
+        assert r.returncode == 0, (args, r.stderr)
+        assert "configuration ok" in r.stdout
+
+
+def test_check_config_runs_the_start_checks():
+    """The checks the start makes beyond the settings are made by
+    --check-config too: TLS files, addresses that do not resolve."""
+    r = run("--check-config", "--listen-tls", f"127.0.0.1:{free_port()}")
+    assert r.returncode == 1 and "TLS: listen_tls needs tls_cert and tls_key" in r.stderr
+    r = run("--check-config", "--listen", f"no-such-host.invalid:{free_port()}")
+    assert r.returncode == 1 and "cannot resolve" in r.stderr, r.stderr
+    r = run("--check-config", "--upstream-tls", "1", "--upstream-proxy-protocol", "1")
+    assert r.returncode == 1 and "together are not supported" in r.stderr
+
+
 def test_bad_config_refuses_to_start():
     r = run("--upstream", "x")
     assert r.returncode == 1

@@ -45,7 +45,7 @@ class ProxyProcess(object):
     """One acemq-proxy subprocess with its stderr kept in a file."""
 
     def __init__(self, name, binary, upstream_port, listen_port=None, env=None, log_level="info",
-                 extra_args=(), upstreams=None):
+                 extra_args=(), upstreams=None, preexec_fn=None):
         self.name = name
         # several broker addresses (HOST:PORT), tried in order; default the one port
         self.upstreams = upstreams or ["%s:%d" % (support.HOST, upstream_port)]
@@ -58,6 +58,8 @@ class ProxyProcess(object):
         self.env.update(env or {})
         self.log_level = log_level
         self.extra_args = list(extra_args)
+        # run in the child before the exec (e.g. a lower RLIMIT_NOFILE)
+        self.preexec_fn = preexec_fn
         self.proc = None
         self.log_path = None
         self._log = None
@@ -78,7 +80,8 @@ class ProxyProcess(object):
         os.close(fd)
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=self._log,
-                                     stderr=self._log, env=self.env)
+                                     stderr=self._log, env=self.env,
+                                     preexec_fn=self.preexec_fn)
         if self not in _ALL_PROXIES:
             _ALL_PROXIES.append(self)
         if wait:
