@@ -300,6 +300,12 @@ int main(int argc, char **argv)
 		log_error("cannot start the janitor thread");
 		return 1;
 	}
+	/* The admin endpoint first: once a client is accepted, it answers. */
+	admin_set_state(state);
+	if (config_str(&cfg, CFG_ADMIN)[0] &&
+	    admin_open(base, config_str(&cfg, CFG_ADMIN), &cfg, main_workers, main_nworkers,
+		       main_load_rules, main_rules_get) != 0)
+		return 1;
 	if (listener_open(base, cfg.v[CFG_LISTEN].list, cfg.v[CFG_LISTEN].nlist, 0,
 			  main_workers, main_nworkers,
 			  config_num(&cfg, CFG_MAX_CONNECTIONS)) != 0 ||
@@ -307,11 +313,6 @@ int main(int argc, char **argv)
 			  main_workers, main_nworkers,
 			  config_num(&cfg, CFG_MAX_CONNECTIONS)) != 0)
 		return 1;
-	if (config_str(&cfg, CFG_ADMIN)[0] &&
-	    admin_open(base, config_str(&cfg, CFG_ADMIN), &cfg, main_workers, main_nworkers,
-		       main_load_rules, main_rules_get) != 0)
-		return 1;
-	admin_set_state(state);
 	sigterm = evsignal_new(base, SIGTERM, main_stop_cb, base);
 	sigint = evsignal_new(base, SIGINT, main_stop_cb, base);
 	sighup = evsignal_new(base, SIGHUP, main_hup_cb, base);

@@ -36,7 +36,7 @@ class Proxy(_claims.Proxy):
         if engine:
             args += ["--engine-user", "guest", "--engine-password", "guest"]
         super().__init__(rules, data, args + list(extra))
-        # The admin endpoint opens just after the listener.
+        # The admin endpoint opens before the listener; waited for all the same.
         assert support.wait_until(lambda: support.port_accepts(self.admin_port), 10), self.stderr()
 
     def engines(self):
