@@ -5,6 +5,7 @@
 #include "../amqp/content.h"
 #include "../amqp/frame_scan.h"
 #include "../amqp/method.h"
+#include "debug.h"
 #include "log.h"
 #include "rules.h"
 #include "worker.h"
@@ -578,6 +579,8 @@ int pipeline_resume(struct pipeline *p, struct channel *ch, struct pipe_msg *m,
 	enum chan_dir dir = pipeline_dir(m);
 	int rc;
 
+	/* A waiting message is finished once, on a channel still at hand. */
+	ACEMQ_ASSERT(ch != NULL && m != NULL);
 	/* The hooks after the one that waited have their say. */
 	if (v == PIPE_PASS && !ch->proxy_closing)
 		v = pipeline_run(p, ch, m, m->next_hook);

@@ -288,6 +288,7 @@ static int relay_content(struct session *s, struct leg *from, const struct frame
 	struct pipe_msg *m = c->msg;
 	int rc;
 
+	ACEMQ_ASSERT(m != NULL); /* classify looks at content only while assembling */
 	rc = pipeline_collect(&s->pipe, ch, m, in, frame_scan_wire_len(fi), fi->type);
 	if (rc == PIPE_COLLECT_RELEASE) {
 		/* No hook wants it after all: what was collected goes on, and
@@ -413,6 +414,8 @@ int relay_pump(struct session *s, struct leg *from)
 	struct frame_info fi;
 	struct channel *ch;
 	int rc, look, fresh = 1, slow = 0;
+
+	ACEMQ_ASSERT(from->tr != NULL && s->state != SESSION_GONE);
 
 	if (s->state == SESSION_HEADER) {
 		rc = handshake_header(s);

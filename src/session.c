@@ -111,6 +111,8 @@ static void session_destroy(struct session *s)
 {
 	uint32_t i;
 
+	ACEMQ_ASSERT(s->depth == 0 && s->state == SESSION_GONE);
+
 	if (s->vhost_counted)
 		limits_vhost_leave(s->vhost);
 	pipeline_detach(&s->pipe);
@@ -138,6 +140,7 @@ static void session_enter(struct session *s)
 
 static void session_leave(struct session *s)
 {
+	ACEMQ_ASSERT(s->depth > 0);
 	if (--s->depth == 0 && s->state == SESSION_GONE)
 		session_destroy(s);
 }
@@ -198,6 +201,9 @@ void session_timer_set(struct session *s, long ms)
 /* The one place the state changes. */
 void session_set_state(struct session *s, enum session_state st)
 {
+	/* A session that started closing never opens again; gone is final. */
+	ACEMQ_ASSERT(s->state < SESSION_CLOSING || st >= SESSION_CLOSING);
+	ACEMQ_ASSERT(s->state != SESSION_GONE || st == SESSION_GONE);
 	s->state = st;
 	switch (st) {
 	case SESSION_CONNECTING:
