@@ -1,6 +1,9 @@
 """A fleet: HAProxy in TCP mode (PROXY protocol v2 towards the proxies) in
 front of two proxies with data dirs of their own, one PostgreSQL (a
-throwaway cluster), one RabbitMQ. Clients connect to HAProxy only."""
+throwaway cluster), one S3 bucket (s3rver) for the claim check, one
+RabbitMQ. Clients connect to HAProxy only."""
+import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -18,27 +21,37 @@ import pgcluster  # noqa: E402
 import support  # noqa: E402
 
 
-def _claims_proxy():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(
-        "acemq_claims_conftest_fleet", os.path.join(HERE, "..", "claims", "conftest.py"))
+def _suite_conftest(suite):
+    """Another suite's conftest.py, loaded under a name of its own."""
+    d = os.path.join(HERE, "..", suite)
+    sys.path.insert(0, d)  # its sibling modules (s3's front.py)
+    spec = importlib.util.spec_from_file_location("acemq_%s_conftest_fleet" % suite,
+                                                  os.path.join(d, "conftest.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.Proxy
+    return mod
 
 
-Proxy = _claims_proxy()
+Proxy = _suite_conftest("claims").Proxy
+s3suite = _suite_conftest("s3")
 
 QUEUE = "acemq-fleet.work"
-RULES = ('{"vhost": "/", '
-         '"idempotency": [{"queue": "%s", "key": "message-id", "lease_s": 3, '
-         '"retention_s": 600, "in_progress_delay_s": 1, "store": {"type": "postgresql"}}], '
-         '"dedup_publish": {"match": [{"exchange": "", "routing_key": "acemq-fleet.#"}], '
-         '"window_s": 600, "store": {"type": "postgresql"}}}' % QUEUE)
+BIG_QUEUE = "acemq-fleet-big"  # outside publish dedup's acemq-fleet.#
+CLAIM_PREFIX = "fleet-claims/"
+CLAIM_THRESHOLD = 65536
+RULES = json.dumps({
+    "vhost": "/",
+    "idempotency": [{"queue": QUEUE, "key": "message-id", "lease_s": 3, "retention_s": 600,
+                     "in_progress_delay_s": 1, "store": {"type": "postgresql"}}],
+    "dedup_publish": {"match": [{"exchange": "", "routing_key": "acemq-fleet.#"}],
+                      "window_s": 600, "store": {"type": "postgresql"}},
+    "claim_check": {"match": [{"exchange": "", "routing_key": BIG_QUEUE}],
+                    "threshold": CLAIM_THRESHOLD,
+                    "store": {"type": "s3", "bucket": s3suite.BUCKET, "prefix": CLAIM_PREFIX}}})
 
 
 class Member:
-    def __init__(self, top, name, url):
+    def __init__(self, top, name, url, s3):
         self.name = name
         self.dir = os.path.join(top, name)
         rules = os.path.join(self.dir, "rules")
@@ -48,7 +61,10 @@ class Member:
         self.admin = support.free_port()
         self.proxy = Proxy(rules, os.path.join(self.dir, "data"),
                            extra=["--admin", "127.0.0.1:%d" % self.admin, "--postgres-url", url,
-                                  "--proxy-protocol", "1"])
+                                  "--proxy-protocol", "1",
+                                  "--s3-endpoint", "http://127.0.0.1:%d" % s3.port,
+                                  "--s3-access-key", s3suite.ACCESS,
+                                  "--s3-secret-key", s3suite.SECRET, "--s3-region", "us-east-1"])
 
     def ready(self):
         try:
@@ -57,6 +73,10 @@ class Member:
                 return r.status == 200
         except OSError:
             return False
+
+    def stats(self):
+        with urllib.request.urlopen("http://127.0.0.1:%d/stats" % self.admin, timeout=10) as r:
+            return json.loads(r.read())
 
 
 class HAProxy:
@@ -102,17 +122,21 @@ backend proxies
 def fleet():
     if not pgcluster.available() or shutil.which("haproxy") is None:
         pytest.skip("needs PostgreSQL's server, HAProxy and root")
+    if not os.path.exists(s3suite.S3RVER):
+        pytest.fail("s3rver is not installed: run docker/setup-debian "
+                    "(npm ci in tests/integration/s3/node)")
     support.ensure_rabbitmq(60)
     top = tempfile.mkdtemp(prefix="acemq-fleet-")
     pg = pgcluster.Cluster()
-    a = Member(top, "a", pg.url)
-    b = Member(top, "b", pg.url)
+    s3 = s3suite.S3rver()
+    a = Member(top, "a", pg.url, s3)
+    b = Member(top, "b", pg.url, s3)
     deadline = time.time() + 20
     while not (a.ready() and b.ready()) and time.time() < deadline:
         time.sleep(0.1)
     lb = HAProxy(top, [a, b])
     time.sleep(1)  # the first health checks
-    yield {"pg": pg, "a": a, "b": b, "lb": lb}
+    yield {"pg": pg, "s3": s3, "a": a, "b": b, "lb": lb}
     lb.stop()
     for m in (a, b):
         rc = m.proxy.stop()
@@ -120,4 +144,5 @@ def fleet():
         assert "AddressSanitizer" not in text and "runtime error" not in text, text[-3000:]
         assert rc == 0, text[-3000:]
     pg.destroy()
+    s3.close()
     shutil.rmtree(top, ignore_errors=True)
