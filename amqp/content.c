@@ -3,6 +3,8 @@
 
 #include "frame_scan.h"
 
+#include "../src/debug.h"
+
 #include <event2/buffer.h>
 #include <string.h>
 
@@ -52,6 +54,7 @@ int content_header_write(struct evbuffer *out, uint16_t channel, uint16_t class_
 	if (n < 0)
 		return -1;
 	size = (uint32_t)n + CONTENT_HEADER_FIXED;
+	ACEMQ_ASSERT(FRAME_OVERHEAD + (size_t)size <= sizeof(scratch));
 	frame_scan_put_header(p, FRAME_HEADER, channel, size);
 	h[0] = (uint8_t)(class_id >> 8);
 	h[1] = (uint8_t)class_id;
@@ -71,6 +74,7 @@ int content_body_write(struct evbuffer *out, uint16_t channel, struct evbuffer *
 	uint8_t head[FRAME_HEADER_SIZE];
 	const uint8_t end = FRAME_END;
 
+	ACEMQ_ASSERT(chunk > 0);
 	while (evbuffer_get_length(body) > 0) {
 		size_t n = evbuffer_get_length(body);
 

@@ -1,6 +1,8 @@
 /* frame_scan: find, measure and validate AMQP 0-9-1 frames in a byte stream. */
 #include "frame_scan.h"
 
+#include "../src/debug.h"
+
 #include <event2/buffer.h>
 #include <string.h>
 
@@ -43,6 +45,7 @@ static int frame_scan_head(const uint8_t *p, size_t have, uint32_t max_payload,
 {
 	size_t n;
 
+	ACEMQ_ASSERT(have >= FRAME_HEADER_SIZE);
 	fi->type = p[0];
 	fi->channel = frame_scan_u16(p + 1);
 	fi->size = frame_scan_u32(p + 3);
@@ -129,6 +132,7 @@ static int frame_cursor_copy(const struct frame_cursor *c, size_t skip, uint8_t 
 
 		if (i >= c->nv)
 			return -1;
+		ACEMQ_ASSERT(at <= c->v[i].iov_len);
 		take = c->v[i].iov_len - at;
 		if (take > n)
 			take = n;
@@ -143,6 +147,7 @@ static int frame_cursor_copy(const struct frame_cursor *c, size_t skip, uint8_t 
 
 int frame_cursor_advance(struct frame_cursor *c, size_t n)
 {
+	ACEMQ_ASSERT(c->off <= c->len);
 	if (n > c->len - c->off)
 		return -1;
 	c->off += n;
@@ -161,11 +166,15 @@ int frame_cursor_scan(struct frame_cursor *c, uint32_t max_payload, struct frame
 	uint8_t head[PEEK_LEN], end;
 	int rc;
 
+	ACEMQ_ASSERT(c->off <= c->len);
 	if (left < FRAME_HEADER_SIZE)
 		return FRAME_SCAN_AGAIN;
 	/* Fast path: the whole frame lies in the chain at the cursor. */
 	if (c->i < c->nv) {
-		size_t n = c->v[c->i].iov_len - c->at;
+		size_t n;
+
+		ACEMQ_ASSERT(c->at <= c->v[c->i].iov_len);
+		n = c->v[c->i].iov_len - c->at;
 
 		if (n >= FRAME_HEADER_SIZE) {
 			rc = frame_scan_bytes((const uint8_t *)c->v[c->i].iov_base + c->at, n,

@@ -3,6 +3,8 @@
 
 #include "frame_scan.h"
 
+#include "../src/debug.h"
+
 #include <event2/buffer.h>
 #include <string.h>
 
@@ -56,6 +58,7 @@ int method_write(struct evbuffer *out, uint16_t channel, amqp_method_number_t id
 	if (n < 0)
 		return -1;
 	size = (uint32_t)n + 4;
+	ACEMQ_ASSERT(FRAME_OVERHEAD + (size_t)size <= sizeof(scratch));
 	frame_scan_put_header(p, FRAME_METHOD, channel, size);
 	p[7] = (uint8_t)(id >> 24);
 	p[8] = (uint8_t)(id >> 16);

@@ -3,6 +3,8 @@
  * the broker. Parsers return OK / AGAIN / ERROR and never allocate. */
 #include "proxyproto.h"
 
+#include "../src/debug.h"
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <string.h>
@@ -121,6 +123,8 @@ static int proxyproto_v1(const uint8_t *p, size_t len, size_t *used,
 			break;
 	if (i + 1 >= n)
 		return len < PROXYPROTO_V1_MAX ? PROXYPROTO_AGAIN : PROXYPROTO_ERROR;
+	/* "PROXY " matched, and holds no CR: the line's end is past it. */
+	ACEMQ_ASSERT(i >= 6);
 	end = line + i;
 	memset(out, 0, sizeof(*out));
 	*used = i + 2;

@@ -2,6 +2,8 @@
  * other entry, and its type, exactly as it was. */
 #include "table.h"
 
+#include "../src/debug.h"
+
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
@@ -77,6 +79,7 @@ int table_remove(amqp_table_t *t, const char *key)
 
 	if (i < 0)
 		return 0;
+	ACEMQ_ASSERT(i < t->num_entries);
 	memmove(&t->entries[i], &t->entries[i + 1],
 		(size_t)(t->num_entries - i - 1) * sizeof(t->entries[0]));
 	t->num_entries--;

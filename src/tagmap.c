@@ -2,6 +2,8 @@
  * client's view and the broker's when the proxy swallows, holds or answers. */
 #include "tagmap.h"
 
+#include "debug.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -9,6 +11,7 @@ enum { SIDE_CLIENT = 0, SIDE_BROKER = 1 };
 
 static uint64_t *tagmap_at(struct tagmap_pairs *p, size_t i)
 {
+	ACEMQ_ASSERT(i < p->len);
 	return p->v[(p->head + i) % p->cap];
 }
 
@@ -16,6 +19,9 @@ static int tagmap_push(struct tagmap_pairs *p, uint64_t client, uint64_t broker)
 {
 	uint64_t *slot;
 
+	/* The client side, numbered here, ascends: the binary search relies
+	 * on it. (The broker side comes from the broker: not asserted.) */
+	ACEMQ_ASSERT(p->len == 0 || tagmap_at(p, p->len - 1)[SIDE_CLIENT] < client);
 	if (p->len == p->cap) {
 		size_t ncap = p->cap ? p->cap * 2 : 16, i;
 		uint64_t(*nv)[2] = malloc(ncap * sizeof(*nv));
@@ -126,6 +132,8 @@ void tagmap_unhold(struct tagmap *tm, uint64_t broker_tag)
 			return;
 		}
 	}
+	/* Holds balance: only a held delivery is let go, and only once. */
+	ACEMQ_ASSERT(!"tagmap_unhold of a tag not held");
 }
 
 static int tagmap_held_below(const struct tagmap *tm, uint64_t broker_tag)

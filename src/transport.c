@@ -4,6 +4,8 @@
  * output is stuck; TLS (OpenSSL, non-blocking) when given an SSL. */
 #include "transport.h"
 
+#include "debug.h"
+
 #include <errno.h>
 #include <event2/buffer.h>
 #include <event2/event.h>
@@ -60,6 +62,7 @@ static void transport_arm_read(struct transport *t)
 
 static void transport_fail(struct transport *t, int what, int err)
 {
+	ACEMQ_ASSERT(!t->dead); /* an end is reported once */
 	t->dead = 1;
 	event_del(t->rev);
 	event_del(t->wev);
@@ -213,6 +216,7 @@ static void transport_read(struct transport *t)
 			err = ENOMEM;
 			break;
 		}
+		ACEMQ_ASSERT(n <= 2);
 		for (i = 0; i < n; i++) {
 			iov[i].iov_base = v[i].iov_base;
 			iov[i].iov_len = v[i].iov_len;
@@ -289,6 +293,7 @@ static int transport_write_tls(struct transport *t)
 		n = SSL_write(t->ssl, v.iov_base,
 			      v.iov_len > INT_MAX ? INT_MAX : (int)v.iov_len);
 		if (n > 0) {
+			ACEMQ_ASSERT((size_t)n <= v.iov_len);
 			evbuffer_drain(t->out, (size_t)n);
 			t->bytes_out += (uint64_t)n;
 			continue;
@@ -370,6 +375,7 @@ static void transport_ready(struct transport *t)
 {
 	int outgoing = t->ssl == NULL || !SSL_is_server(t->ssl);
 
+	ACEMQ_ASSERT(!t->connecting && !t->handshaking && !t->dead);
 	if (evbuffer_get_length(t->out) > 0 && !t->write_queued) {
 		t->write_queued = 1;
 		event_active(t->wev, EV_WRITE, 1);
@@ -536,6 +542,7 @@ void transport_setcb(struct transport *t, transport_cb read, transport_cb draine
 
 int transport_tls(struct transport *t, void *ssl)
 {
+	ACEMQ_ASSERT(t->ssl == NULL && !t->dead);
 	if (SSL_set_fd((SSL *)ssl, t->fd) != 1)
 		return -1;
 	t->ssl = ssl;
@@ -574,6 +581,8 @@ evutil_socket_t transport_fd(struct transport *t)
 
 void transport_read_enable(struct transport *t)
 {
+	/* Input and its end go somewhere: the owner set its callbacks first. */
+	ACEMQ_ASSERT(t->read_cb != NULL && t->event_cb != NULL);
 	t->reading = 1;
 	transport_arm_read(t);
 }
@@ -597,6 +606,7 @@ void transport_set_write_low(struct transport *t, size_t low)
 
 void transport_set_read_timeout(struct transport *t, long ms)
 {
+	ACEMQ_ASSERT(ms >= 0);
 	t->timeout_set = ms > 0;
 	t->read_timeout.tv_sec = ms / 1000;
 	t->read_timeout.tv_usec = (ms % 1000) * 1000;

@@ -3,6 +3,7 @@
  * workers' loops. */
 #include "claims_backend.h"
 
+#include "../debug.h"
 #include "../jobs.h"
 #include "../log.h"
 #include "../rules.h"
@@ -120,8 +121,10 @@ static void claims_req_done(struct worker_call *c)
 	int rc = u->where.type == CLAIMS_FILESYSTEM ? r->rc : r->u.sw.rc;
 
 	claims_busy_add(-1);
+	ACEMQ_ASSERT(u->inflight > 0);
 	u->inflight--;
 	if (r->kind != CLAIMS_CLEANUP_REQ) {
+		ACEMQ_ASSERT(r->len <= u->pending);
 		u->pending -= r->len;
 		if (rc < 0 && !u->failed) {
 			u->failed = 1;
@@ -302,6 +305,7 @@ static void claims_upload_submit(struct claims_local_upload *u, enum claims_req_
 			r->ops[n].vlen = CLAIMS_META_LEN;
 			n++;
 		}
+		ACEMQ_ASSERT(n <= CLAIMS_STAGE_CHUNKS + 1); /* what r->ops holds */
 	}
 	r->u.sw.w = u->w;
 	r->u.sw.ops = r->ops;
@@ -342,6 +346,7 @@ static int claims_local_write(struct claims_upload *up, const void *data, size_t
 			u->failed = 1;
 			return -1;
 		}
+		ACEMQ_ASSERT(u->used < CLAIMS_STAGE); /* a full stage went out */
 		n = CLAIMS_STAGE - u->used;
 		if (n > len)
 			n = len;
@@ -505,6 +510,7 @@ static void claims_read_run(struct job *j)
 			r->rc = STATE_IO; /* the meta promised more */
 	}
 	if (r->rc == 0) {
+		ACEMQ_ASSERT(r->offset < r->size);
 		if (r->len > r->size - r->offset)
 			r->len = (size_t)(r->size - r->offset);
 		r->offset += r->len;
@@ -578,6 +584,8 @@ static void claims_local_read_next(struct claims_read *rd)
 {
 	struct claims_local_read *r = claims_local_read_of(rd);
 
+	/* One read at a time, never after the reader let go. */
+	ACEMQ_ASSERT(!r->busy && !r->abandoned && !r->opening);
 	r->busy = 1;
 	claims_busy_add(1);
 	jobs_submit(&r->job);
@@ -648,6 +656,7 @@ static void claims_sweep_add(struct claims_sweep *sw, const void *key, size_t kl
 {
 	struct claims_dead *d;
 
+	ACEMQ_ASSERT(klen < sizeof(d->key));
 	if (sw->ndead == sw->capdead) {
 		size_t n = sw->capdead ? sw->capdead * 2 : 256;
 		void *p = realloc(sw->dead, n * sizeof(*sw->dead));

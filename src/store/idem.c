@@ -3,6 +3,7 @@
  * transaction. */
 #include "idem.h"
 
+#include "../debug.h"
 #include "../rules.h"
 #include "pgstore.h"
 
@@ -146,6 +147,7 @@ int idem_dedup_prepare(struct idem_req *r, enum idem_op what, const char *vhost,
 		memcpy(r->key + r->klen, md, mdlen);
 		r->klen += mdlen;
 	}
+	ACEMQ_ASSERT(r->klen <= sizeof(r->key));
 	idem_fill(r, what, owner, now_ms, span_ms);
 	return 0;
 }
@@ -217,6 +219,7 @@ static long idem_purge_db(struct state *st, const char *db, uint64_t now_ms)
 		struct state_op ops[512];
 		size_t n = sw.n - i < 512 ? sw.n - i : 512;
 
+		ACEMQ_ASSERT(n > 0 && n <= 512);
 		memset(ops, 0, sizeof(ops));
 		for (j = 0; j < n; j++) {
 			ops[j].db = db;
