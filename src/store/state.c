@@ -2,6 +2,7 @@
  * that group-commits. */
 #include "state.h"
 
+#include "../debug.h"
 #include "../log.h"
 
 #include <errno.h>
@@ -20,6 +21,12 @@ struct state_dbi {
 	MDB_dbi dbi;
 };
 
+/* The database of one op of a batch, resolved before its transaction. */
+struct state_handle {
+	MDB_dbi dbi;
+	int rc;
+};
+
 struct state {
 	MDB_env *env;
 	pthread_t writer;
@@ -31,7 +38,9 @@ struct state {
 	struct state_dbi *dbis;
 	int ndbis;
 	struct state_counters counters;
-	int failing; /* an episode of write errors is being logged */
+	int failing;                  /* an episode of write errors is being logged */
+	struct state_handle *handles; /* the writer's: one per op of a batch */
+	size_t caphandles;
 };
 
 uint64_t state_now_ms(void)
@@ -122,19 +131,19 @@ static int state_dbi(struct state *st, const char *name, int create, MDB_dbi *ou
 	return state_rc_of(rc);
 }
 
-static int state_apply(struct state *st, MDB_txn *txn, struct state_write *w)
+/* Apply w's ops in txn; h holds their databases' handles. */
+static int state_apply(MDB_txn *txn, struct state_write *w, const struct state_handle *h)
 {
 	int i, rc = 0;
 
 	for (i = 0; i < w->nops && rc == 0; i++) {
 		struct state_op *op = &w->ops[i];
 		MDB_val k = {op->klen, (void *)op->key}, v = {op->vlen, (void *)op->val};
-		MDB_dbi dbi;
+		MDB_dbi dbi = h[i].dbi;
 
-		/* Opened before the transaction (state_writer): a lookup. */
-		rc = state_dbi(st, op->db, 0, &dbi);
-		if (rc != STATE_OK)
-			return rc == STATE_NOTFOUND ? STATE_IO : rc;
+		ACEMQ_ASSERT(op->key != NULL || op->klen == 0);
+		if (h[i].rc != STATE_OK)
+			return h[i].rc == STATE_NOTFOUND ? STATE_IO : h[i].rc;
 		if (op->update) {
 			MDB_val old;
 			const void *nv = NULL;
@@ -164,8 +173,10 @@ static int state_apply(struct state *st, MDB_txn *txn, struct state_write *w)
 	return state_rc_of(rc);
 }
 
-/* One transaction for a list of writes; rc of the whole. */
-static int state_commit(struct state *st, struct state_write *list, int one)
+/* One transaction for a list of writes (or only its first, one); h holds
+ * the handles of their ops in order. rc of the whole. */
+static int state_commit(struct state *st, struct state_write *list, int one,
+			const struct state_handle *h)
 {
 	MDB_txn *txn;
 	struct state_write *w;
@@ -174,13 +185,43 @@ static int state_commit(struct state *st, struct state_write *list, int one)
 	if (rc != 0)
 		return state_rc_of(rc);
 	for (w = list; w; w = one ? NULL : w->next) {
-		rc = state_apply(st, txn, w);
+		rc = state_apply(txn, w, h);
 		if (rc != STATE_OK) {
 			mdb_txn_abort(txn);
 			return rc;
 		}
+		h += w->nops;
 	}
 	return state_rc_of(mdb_txn_commit(txn));
+}
+
+/* The databases of a batch's ops, opened (created) in transactions of
+ * their own before the group's: the writer never takes dbi_lock inside
+ * its write transaction, where LMDB's writer lock is held, while
+ * state_dbi takes the two the other way round. -1 without memory. */
+static int state_handles(struct state *st, struct state_write *list)
+{
+	struct state_write *w;
+	size_t nops = 0, k = 0;
+	int i;
+
+	for (w = list; w; w = w->next)
+		nops += (size_t)w->nops;
+	if (nops > st->caphandles) {
+		size_t cap = nops < 64 ? 64 : nops;
+		struct state_handle *h = realloc(st->handles, cap * sizeof(*h));
+
+		if (h == NULL)
+			return -1;
+		st->handles = h;
+		st->caphandles = cap;
+	}
+	for (w = list; w; w = w->next)
+		for (i = 0; i < w->nops; i++, k++) {
+			ACEMQ_ASSERT(w->ops[i].db != NULL);
+			st->handles[k].rc = state_dbi(st, w->ops[i].db, 1, &st->handles[k].dbi);
+		}
+	return 0;
 }
 
 static void state_report(struct state *st, int rc)
@@ -206,7 +247,8 @@ static void *state_writer(void *arg)
 {
 	struct state *st = arg;
 	struct state_write *list, *w, *next;
-	int rc, n;
+	size_t off;
+	int rc, n, have;
 
 	for (;;) {
 		pthread_mutex_lock(&st->lock);
@@ -218,16 +260,9 @@ static void *state_writer(void *arg)
 		pthread_mutex_unlock(&st->lock);
 		if (list == NULL)
 			return NULL;
-		/* Databases are opened in transactions of their own, before
-		 * the group's. */
-		for (w = list; w; w = w->next)
-			for (n = 0; n < w->nops; n++) {
-				MDB_dbi dbi;
-
-				state_dbi(st, w->ops[n].db, 1, &dbi);
-			}
 		/* Everything queued, one transaction, one sync. */
-		rc = state_commit(st, list, 0);
+		have = state_handles(st, list) == 0;
+		rc = have ? state_commit(st, list, 0, st->handles) : STATE_IO;
 		if (rc == STATE_OK) {
 			for (w = list, n = 0; w; w = w->next, n++)
 				w->rc = STATE_OK;
@@ -235,8 +270,10 @@ static void *state_writer(void *arg)
 			/* One write spoiled the batch (a full map, a value too
 			 * large): give each its own transaction, so only the
 			 * ones that cannot be written fail. */
-			for (w = list, n = 0; w; w = w->next, n++)
-				w->rc = state_commit(st, w, 1);
+			for (w = list, n = 0, off = 0; w;
+			     off += (size_t)w->nops, w = w->next, n++)
+				w->rc =
+				    have ? state_commit(st, w, 1, st->handles + off) : STATE_IO;
 		}
 		pthread_mutex_lock(&st->lock);
 		st->counters.commits++;
@@ -308,9 +345,13 @@ void state_close(struct state *st)
 	pthread_cond_signal(&st->cond);
 	pthread_mutex_unlock(&st->lock);
 	pthread_join(st->writer, NULL);
+	/* The writer ends only once the queue is empty; later writes were
+	 * refused. */
+	ACEMQ_ASSERT(st->head == NULL);
 	for (i = 0; i < st->ndbis; i++)
 		free(st->dbis[i].name);
 	free(st->dbis);
+	free(st->handles);
 	mdb_env_close(st->env);
 	pthread_mutex_destroy(&st->lock);
 	pthread_mutex_destroy(&st->dbi_lock);
@@ -323,6 +364,7 @@ static void state_enqueue(struct state *st, struct state_write *head, struct sta
 {
 	struct state_write *w, *next;
 
+	ACEMQ_ASSERT(head != NULL && *tail == NULL);
 	pthread_mutex_lock(&st->lock);
 	if (st->stop) {
 		pthread_mutex_unlock(&st->lock);
@@ -371,6 +413,11 @@ void state_submit(struct state *st, struct state_write *w)
 {
 	struct state_turn *t = &state_turn;
 
+	/* A write comes back to its worker, through its completion. */
+	ACEMQ_ASSERT(w->w != NULL && w->call.fn != NULL);
+	ACEMQ_ASSERT(w->nops >= 0 && (w->nops == 0 || w->ops != NULL));
+	/* Nothing waits for a turn's end that is not deferred. */
+	ACEMQ_ASSERT(t->armed || t->head == NULL);
 	w->next = NULL;
 	w->rc = STATE_OK;
 	if (!t->armed) {
