@@ -17,7 +17,6 @@ import signal
 import socket
 import struct
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -26,7 +25,6 @@ import urllib.request
 import pika
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "py"))
 import amqp_wire as wire  # noqa: E402
 import support  # noqa: E402
 

@@ -412,9 +412,6 @@ def test_client_vanishing_mid_upload_leaves_nothing(proxy, dirs):
     reaches the queue, and the partial payload is removed."""
     import socket
     import struct as st
-    sys_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "py")
-    import sys
-    sys.path.insert(0, sys_path)
     import amqp_wire as wire
     q = qname()
     with direct(VHOST_FS) as d:
@@ -504,8 +501,6 @@ def test_channel_reopened_right_after_a_proxy_close(proxy):
     """A channel the proxy closes (here: an ack of an unknown tag, 406) and
     the client reopens at once, before the broker's close-ok is in: the
     channel.open waits for it instead of being lost."""
-    import sys
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "py"))
     import amqp_wire as wire
     c = wire.RawClient(proxy.port).handshake()
     try:

@@ -4,13 +4,11 @@ the listeners open, and the log says what went, chunks and bytes."""
 import ctypes
 import os
 import re
-import sys
 import time
 import uuid
 
 from conftest import Proxy, direct
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "py"))
 import amqp_wire as wire  # noqa: E402
 
 ORPHANS = re.compile(r"janitor: vhost /: (\d+) orphaned chunks? of claim uploads cut short "

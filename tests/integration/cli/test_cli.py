@@ -4,7 +4,6 @@ import signal
 import socket
 import struct
 import subprocess
-import sys
 import tempfile
 import time
 
@@ -13,7 +12,6 @@ import pika
 PROXY = os.environ.get(
     "ACEMQ_PROXY",
     os.path.join(os.path.dirname(__file__), "..", "..", "..", "build", "src", "acemq-proxy"))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "py"))
 import support  # noqa: E402
 
 

@@ -15,7 +15,6 @@ import urllib.request
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "py"))
 sys.path.insert(0, os.path.join(HERE, "..", "postgres"))
 import pgcluster  # noqa: E402
 import support  # noqa: E402

@@ -1,14 +1,12 @@
 """A proxy with idempotency rules on fixed queue names, and its data dir."""
 import os
 import shutil
-import sys
 import tempfile
 
 import pika
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "py"))
 import support  # noqa: E402
 
 

@@ -7,7 +7,6 @@ two proxies on one data dir."""
 import json
 import os
 import shutil
-import sys
 import tempfile
 import threading
 import time
@@ -18,7 +17,6 @@ import pika
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "py"))
 import support  # noqa: E402
 
 VHOST = "acemq-dedup"

@@ -1,12 +1,9 @@
 """Start and stop a proxy binary on a free loopback port for these tests."""
-import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "py"))
 import support  # noqa: E402
 
 

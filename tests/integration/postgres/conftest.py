@@ -11,7 +11,6 @@ import pika
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "py"))
 sys.path.insert(0, HERE)
 import pgcluster  # noqa: E402
 import support  # noqa: E402

@@ -6,13 +6,11 @@ import socket
 import subprocess
 import tempfile
 import time
-import sys
 import urllib.request
 
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "py"))
 import support  # noqa: E402
 PROXY = os.environ.get("ACEMQ_PROXY", os.path.join(HERE, "..", "..", "..", "build", "src", "acemq-proxy"))
 

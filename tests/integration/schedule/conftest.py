@@ -3,7 +3,6 @@ import importlib.util
 import json
 import os
 import shutil
-import sys
 import tempfile
 import urllib.request
 
@@ -11,7 +10,6 @@ import pika
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "py"))
 import support  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location(
