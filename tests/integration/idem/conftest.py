@@ -6,21 +6,10 @@ import tempfile
 import pika
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-import support  # noqa: E402
+import support
+# The suite's tests import the runner from here.
+from rulesproxy import Proxy  # noqa: F401
 
-
-def _claims_proxy():
-    """The claims suite's proxy runner (a proxy with rules and a data dir)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(
-        "acemq_claims_conftest", os.path.join(HERE, "..", "claims", "conftest.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.Proxy
-
-
-Proxy = _claims_proxy()
 
 QUEUES = {
     "acemq-idem-id": '"key": "message-id"',

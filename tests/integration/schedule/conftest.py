@@ -1,5 +1,4 @@
 """Proxies with schedule rules and engines of their own, and the ladder."""
-import importlib.util
 import json
 import os
 import shutil
@@ -9,13 +8,8 @@ import urllib.request
 import pika
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-import support  # noqa: E402
-
-_spec = importlib.util.spec_from_file_location(
-    "acemq_claims_conftest", os.path.join(HERE, "..", "claims", "conftest.py"))
-_claims = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_claims)
+import rulesproxy
+import support
 
 TARGET_EXCHANGE = "acemq-sched-x"      # allowed by the rules (topic)
 QUEUE_PREFIX = "acemq-sched."          # default exchange, routing key acemq-sched.#
@@ -25,11 +19,11 @@ RULES = ('{"vhost": "/", "schedule": {"match": [{"exchange": "%s"}, '
          '{"exchange": "", "routing_key": "acemq-sched.#"}], "engine": %s}}')
 
 
-class Proxy(_claims.Proxy):
+class Proxy(rulesproxy.Proxy):
     """A proxy with the engine's credentials and an admin endpoint."""
 
     def __init__(self, rules, data, engine=True, extra=()):
-        self.admin_port = _claims.free_port()
+        self.admin_port = rulesproxy.free_port()
         args = ["--admin", "127.0.0.1:%d" % self.admin_port]
         if engine:
             args += ["--engine-user", "guest", "--engine-password", "guest"]
@@ -57,7 +51,7 @@ def write_rules(d, engine=True):
 
 def purge_ladder():
     """Empty the ladder's queues (what earlier runs left there)."""
-    c = _claims.direct()
+    c = rulesproxy.direct()
     ch = c.channel()
     for q in LADDER:
         try:
@@ -68,7 +62,7 @@ def purge_ladder():
 
 
 def delete_ladder():
-    c = _claims.direct()
+    c = rulesproxy.direct()
     ch = c.channel()
     for q in LADDER:
         ch.queue_delete(q)
@@ -115,13 +109,13 @@ def target():
     and bound to the allowed topic exchange by its own name."""
     name = support.unique_name(QUEUE_PREFIX.rstrip("."))
     name = QUEUE_PREFIX + name.split("-")[-1]
-    c = _claims.direct()
+    c = rulesproxy.direct()
     ch = c.channel()
     ch.exchange_declare(TARGET_EXCHANGE, "topic", durable=True)
     ch.queue_declare(name, durable=True)
     ch.queue_bind(name, TARGET_EXCHANGE, name)
     c.close()
     yield name
-    c = _claims.direct()
+    c = rulesproxy.direct()
     c.channel().queue_delete(name)
     c.close()

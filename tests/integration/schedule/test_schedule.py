@@ -10,14 +10,15 @@ import uuid
 import pika
 import pytest
 
-from conftest import (LADDER, QUEUE_PREFIX, TARGET_EXCHANGE, Proxy, _claims, check_stopped,
+import rulesproxy
+from conftest import (LADDER, QUEUE_PREFIX, TARGET_EXCHANGE, Proxy, check_stopped,
                       delete_ladder, support, write_rules)
 
 from prometheus_client.parser import text_string_to_metric_families
 
 
 def direct():
-    return _claims.direct()
+    return rulesproxy.direct()
 
 
 def publish(conn, routing_key, body, delay, exchange="", props=None, mandatory=False):
