@@ -15,9 +15,9 @@ import urllib.request
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "postgres"))
 import pgcluster  # noqa: E402
 import support  # noqa: E402
+from rulesproxy import Proxy  # noqa: E402
 
 
 def _suite_conftest(suite):
@@ -31,7 +31,6 @@ def _suite_conftest(suite):
     return mod
 
 
-Proxy = _suite_conftest("claims").Proxy
 s3suite = _suite_conftest("s3")
 
 QUEUE = "acemq-fleet.work"

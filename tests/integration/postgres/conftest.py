@@ -3,30 +3,16 @@ PostgreSQL database: a throwaway cluster of the suite's own, and proxies
 with different data dirs (different "hosts") sharing it."""
 import os
 import shutil
-import sys
 import tempfile
 import urllib.request
 
 import pika
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import pgcluster  # noqa: E402
-import support  # noqa: E402
-
-
-def _claims_proxy():
-    """The claims suite's proxy runner (a proxy with rules and a data dir)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(
-        "acemq_claims_conftest_pg", os.path.join(HERE, "..", "claims", "conftest.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.Proxy
-
-
-Proxy = _claims_proxy()
+import pgcluster
+import support
+# The suite's tests import the runner from here.
+from rulesproxy import Proxy  # noqa: F401
 
 IDEM_Q = "acemq-pg-idem"
 DEDUP_Q = "acemq-pg.dedup"
