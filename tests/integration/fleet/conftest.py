@@ -2,36 +2,20 @@
 front of two proxies with data dirs of their own, one PostgreSQL (a
 throwaway cluster), one S3 bucket (s3rver) for the claim check, one
 RabbitMQ. Clients connect to HAProxy only."""
-import importlib.util
 import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-import pgcluster  # noqa: E402
-import support  # noqa: E402
-from rulesproxy import Proxy  # noqa: E402
-
-
-def _suite_conftest(suite):
-    """Another suite's conftest.py, loaded under a name of its own."""
-    d = os.path.join(HERE, "..", suite)
-    sys.path.insert(0, d)  # its sibling modules (s3's front.py)
-    spec = importlib.util.spec_from_file_location("acemq_%s_conftest_fleet" % suite,
-                                                  os.path.join(d, "conftest.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-s3suite = _suite_conftest("s3")
+import pgcluster
+import s3rver
+import support
+from rulesproxy import Proxy
 
 QUEUE = "acemq-fleet.work"
 BIG_QUEUE = "acemq-fleet-big"  # outside publish dedup's acemq-fleet.#
@@ -45,7 +29,7 @@ RULES = json.dumps({
                       "window_s": 600, "store": {"type": "postgresql"}},
     "claim_check": {"match": [{"exchange": "", "routing_key": BIG_QUEUE}],
                     "threshold": CLAIM_THRESHOLD,
-                    "store": {"type": "s3", "bucket": s3suite.BUCKET, "prefix": CLAIM_PREFIX}}})
+                    "store": {"type": "s3", "bucket": s3rver.BUCKET, "prefix": CLAIM_PREFIX}}})
 
 
 class Member:
@@ -61,8 +45,8 @@ class Member:
                            extra=["--admin", "127.0.0.1:%d" % self.admin, "--postgres-url", url,
                                   "--proxy-protocol", "1",
                                   "--s3-endpoint", "http://127.0.0.1:%d" % s3.port,
-                                  "--s3-access-key", s3suite.ACCESS,
-                                  "--s3-secret-key", s3suite.SECRET, "--s3-region", "us-east-1"])
+                                  "--s3-access-key", s3rver.ACCESS,
+                                  "--s3-secret-key", s3rver.SECRET, "--s3-region", "us-east-1"])
 
     def ready(self):
         try:
@@ -120,13 +104,13 @@ backend proxies
 def fleet():
     if not pgcluster.available() or shutil.which("haproxy") is None:
         pytest.skip("needs PostgreSQL's server, HAProxy and root")
-    if not os.path.exists(s3suite.S3RVER):
+    if not os.path.exists(s3rver.S3RVER):
         pytest.fail("s3rver is not installed: run docker/setup-debian "
                     "(npm ci in tests/integration/s3/node)")
     support.ensure_rabbitmq(60)
     top = tempfile.mkdtemp(prefix="acemq-fleet-")
     pg = pgcluster.Cluster()
-    s3 = s3suite.S3rver()
+    s3 = s3rver.S3rver()
     a = Member(top, "a", pg.url, s3)
     b = Member(top, "b", pg.url, s3)
     deadline = time.time() + 20
