@@ -21,7 +21,7 @@
 
 /* TLS to the broker: SNI and the name verified are upstream_tls_name, or
  * the host of the address. */
-static int dial_tls(struct session *s, struct transport *tr, const struct upstream_node *n)
+int dial_tls(struct transport *tr, const struct upstream_node *n)
 {
 	char host[256];
 	int port;
@@ -56,7 +56,7 @@ int dial_upstream(struct session *s)
 		s->upstream_tried |= 1u << i;
 		s->upstream_at = i;
 		tr = connect(s->w->base, (const struct sockaddr *)&n->sa, n->salen);
-		if (tr && tls_upstream() && dial_tls(s, tr, n) != 0) {
+		if (tr && tls_upstream() && dial_tls(tr, n) != 0) {
 			transport_free(tr);
 			tr = NULL;
 			errno = EPROTO;

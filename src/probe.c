@@ -18,6 +18,7 @@
 #include "../amqp/method.h"
 #include "../amqp/proxyproto.h"
 #include "config.h"
+#include "dial.h"
 #include "greeting.h"
 #include "log.h"
 #include "rules.h"
@@ -142,25 +143,6 @@ static void probe_event_cb(struct transport *t, int what, int err, void *arg)
 	probe_failed(p, why);
 }
 
-/* TLS to the broker, named as the sessions' connections name it. */
-static int probe_tls(struct transport *tr, const struct upstream_node *n)
-{
-	char host[256];
-	int port;
-	SSL *ssl;
-
-	if (tls_upstream_name())
-		snprintf(host, sizeof(host), "%s", tls_upstream_name());
-	else if (config_addr_split(n->name, host, sizeof(host), &port) != 0)
-		return -1;
-	ssl = tls_client_new(host);
-	if (ssl == NULL || transport_tls(tr, ssl) != 0) {
-		SSL_free(ssl);
-		return -1;
-	}
-	return 0;
-}
-
 static void probe_ask(struct probe *p)
 {
 	const struct upstream_node *n = upstream_node(p->node);
@@ -175,7 +157,7 @@ static void probe_ask(struct probe *p)
 	if (p->asked++ == 0)
 		greeting_asking(p->node);
 	p->tr = transport_connect(probe_base, (const struct sockaddr *)&n->sa, n->salen);
-	if (p->tr && tls_upstream() && probe_tls(p->tr, n) != 0) {
+	if (p->tr && tls_upstream() && dial_tls(p->tr, n) != 0) {
 		transport_free(p->tr);
 		p->tr = NULL;
 		errno = EPROTO;
