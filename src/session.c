@@ -12,6 +12,7 @@
 #include "fault.h"
 #include "greeting.h"
 #include "handshake.h"
+#include "host.h"
 #include "limits.h"
 #include "log.h"
 #include "relay.h"
@@ -35,7 +36,6 @@
 #define SESSION_CLOSE_WAIT_MS 2000
 
 static atomic_ullong session_next_id;
-static const struct pipeline_host session_pipeline_host;
 
 /* Everything that happens to a session from outside its own call stack:
  * transport callbacks, its timer, its wake-up, a completion. Each enters
@@ -94,17 +94,6 @@ struct channel *session_channel(struct session *s, uint16_t id)
 	return s->chans[id];
 }
 
-/* The pipeline's view of a channel: the one with this number while the
- * client has it open, never created here, so a completion that finds
- * none knows the channel went. */
-static struct channel *session_channel_find(void *owner, uint16_t id)
-{
-	struct session *s = owner;
-	struct channel *ch = id < s->nchans ? s->chans[id] : NULL;
-
-	return ch && ch->open ? ch : NULL;
-}
-
 /* The one place a session is torn down; only session_leave calls it, once
  * the last event on the session's stack has returned. */
 static void session_destroy(struct session *s)
@@ -133,12 +122,12 @@ static void session_destroy(struct session *s)
  * lost leg); the memory stays until the outermost event returns, so no
  * caller ever touches freed memory, and every event after the end finds the
  * session GONE (session_accepts). */
-static void session_enter(struct session *s)
+void session_enter(struct session *s)
 {
 	s->depth++;
 }
 
-static void session_leave(struct session *s)
+void session_leave(struct session *s)
 {
 	ACEMQ_ASSERT(s->depth > 0);
 	if (--s->depth == 0 && s->state == SESSION_GONE)
@@ -369,7 +358,7 @@ struct session *session_new(struct worker *w, int fd, const struct sockaddr *sa,
 	if (getsockname(fd, (struct sockaddr *)&s->local_sa, &s->local_salen) != 0)
 		s->local_salen = 0;
 	s->frame_max = (uint32_t)worker_settings.max_frame_pre_tune;
-	pipeline_init(&s->pipe, &session_pipeline_host, s, w, s->id);
+	pipeline_init(&s->pipe, &host_of_session, s, w, s->id);
 	s->pipe.peer = s->peer;
 	s->pipe.vhost = s->vhost;
 	s->pipe.user = s->user;
@@ -643,69 +632,6 @@ void session_unhold(struct session *s, enum chan_dir from)
 	if (l->held && --l->held == 0)
 		session_wake(s, l);
 }
-
-/* ---- the pipeline's host ------------------------------------------------ */
-
-static struct evbuffer *session_host_out(void *owner, enum chan_dir dir)
-{
-	return session_out(owner, dir);
-}
-
-static void session_host_hold(void *owner, enum chan_dir from)
-{
-	session_hold(owner, from);
-}
-
-static void session_host_wake(void *owner, enum chan_dir from)
-{
-	session_unhold(owner, from);
-}
-
-static void session_host_channel_error(void *owner, struct channel *ch, uint16_t code,
-				       const char *text, uint16_t class_id, uint16_t method_id)
-{
-	fault_channel(owner, ch, code, text, class_id, method_id);
-}
-
-static void session_host_close(void *owner, uint16_t code, const char *text)
-{
-	session_close(owner, code, text);
-}
-
-static void session_host_lookahead(void *owner, enum chan_dir from,
-				   int (*fn)(void *arg, const struct frame_info *fi,
-					     const uint8_t *payload, size_t len),
-				   void *arg)
-{
-	relay_lookahead(owner, from, fn, arg);
-}
-
-/* A completion that arrived off the session's stack runs under the
- * lifetime rule: not at all once the session started closing. */
-static int session_host_call(void *owner, void (*fn)(struct pipeline *p, void *arg), void *arg)
-{
-	struct session *s = owner;
-	int ran = 0;
-
-	session_enter(s);
-	if (s->state < SESSION_CLOSING) {
-		fn(&s->pipe, arg);
-		ran = 1;
-	}
-	session_leave(s);
-	return ran;
-}
-
-static const struct pipeline_host session_pipeline_host = {
-    .out = session_host_out,
-    .hold = session_host_hold,
-    .wake = session_host_wake,
-    .channel_error = session_host_channel_error,
-    .close = session_host_close,
-    .channel = session_channel_find,
-    .lookahead = session_host_lookahead,
-    .call = session_host_call,
-};
 
 static void session_json_string(struct evbuffer *out, const char *v)
 {

@@ -2,6 +2,7 @@
  * state and lifetime, and the entry points the files of the session share.
  * The session is spread over files by concern (docs/architecture.md):
  *   session.c    lifetime, state, events, wake-ups, closing
+ *   host.c       what the session offers its pipeline (the host interface)
  *   dial.c       connecting the broker leg (addresses, failover, TLS, PROXY)
  *   handshake.c  the protocol header, connection negotiation, the greeting
  *   relay.c      frames: classification, the pump, the lookahead, content
@@ -117,6 +118,10 @@ void session_describe(struct session *s, struct evbuffer *out);
 #define REPLY_UNEXPECTED_FRAME    505
 #define REPLY_NOT_ALLOWED         530
 
+/* Events on the session's stack: the memory goes only when the outermost
+ * one leaves (session_leave frees a session that is gone). */
+void session_enter(struct session *s);
+void session_leave(struct session *s);
 /* The one place the state changes. */
 void session_set_state(struct session *s, enum session_state st);
 /* The session is finished: both sockets close now (memory goes later). */
