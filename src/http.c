@@ -424,7 +424,7 @@ static void http_conn_free(struct http_conn *c)
 		srv->conns = c->next;
 	if (c->next)
 		c->next->prev = c->prev;
-	srv->nconns--;
+	__atomic_sub_fetch(&srv->nconns, 1, __ATOMIC_RELAXED);
 	http_request_clear(&c->req);
 	event_free(c->timer);
 	bufferevent_free(c->bev);
@@ -733,7 +733,7 @@ static void http_accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct 
 	if (srv->conns)
 		srv->conns->prev = c;
 	srv->conns = c;
-	srv->nconns++;
+	__atomic_add_fetch(&srv->nconns, 1, __ATOMIC_RELAXED);
 	c->state = HTTP_IDLE;
 	http_arm(c, srv->set.timeout_ms);
 	bufferevent_enable(c->bev, EV_READ);
@@ -831,5 +831,5 @@ void http_free(struct http_server *srv)
 
 int http_connections(const struct http_server *srv)
 {
-	return srv ? srv->nconns : 0;
+	return srv ? __atomic_load_n(&srv->nconns, __ATOMIC_RELAXED) : 0;
 }
