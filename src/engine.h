@@ -196,4 +196,7 @@ void *engine_state(struct engine *e);
 struct engine *engine_next(struct engine *e);
 const char *engine_vhost(const struct engine *e);
 
+/* Copy src into dst, allocated from pool (a message being built). 0 or -1. */
+int engine_bytes_copy(amqp_pool_t *pool, amqp_bytes_t *dst, amqp_bytes_t src);
+
 #endif

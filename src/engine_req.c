@@ -21,7 +21,7 @@ struct engine_req *engine_req_new(struct worker *w, enum engine_op op,
 	return r;
 }
 
-static int engine_req_bytes(amqp_pool_t *pool, amqp_bytes_t *dst, amqp_bytes_t src)
+int engine_bytes_copy(amqp_pool_t *pool, amqp_bytes_t *dst, amqp_bytes_t src)
 {
 	dst->len = src.len;
 	dst->bytes = amqp_pool_alloc(pool, src.len ? src.len : 1);
@@ -40,7 +40,7 @@ static int engine_req_props(amqp_basic_properties_t *d, const amqp_basic_propert
 	*d = *p;
 #define ENGINE_REQ_COPY(flag, field) \
 	if (p->_flags & (flag))      \
-		rc |= engine_req_bytes(pool, &d->field, p->field);
+		rc |= engine_bytes_copy(pool, &d->field, p->field);
 	ENGINE_REQ_COPY(AMQP_BASIC_CONTENT_TYPE_FLAG, content_type)
 	ENGINE_REQ_COPY(AMQP_BASIC_CONTENT_ENCODING_FLAG, content_encoding)
 	ENGINE_REQ_COPY(AMQP_BASIC_CORRELATION_ID_FLAG, correlation_id)
@@ -61,8 +61,8 @@ int engine_req_publish(struct engine_req *r, const char *exchange, const char *r
 		       const amqp_basic_properties_t *props, amqp_bytes_t body)
 {
 	r->body = body;
-	if (engine_req_bytes(&r->pool, &r->exchange, amqp_cstring_bytes(exchange)) != 0 ||
-	    engine_req_bytes(&r->pool, &r->routing_key, amqp_cstring_bytes(routing_key)) != 0)
+	if (engine_bytes_copy(&r->pool, &r->exchange, amqp_cstring_bytes(exchange)) != 0 ||
+	    engine_bytes_copy(&r->pool, &r->routing_key, amqp_cstring_bytes(routing_key)) != 0)
 		return -1;
 	if (props)
 		return engine_req_props(&r->props, props, &r->pool);

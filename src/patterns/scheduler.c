@@ -234,17 +234,6 @@ static int scheduler_allowed(struct scheduler *sc, amqp_bytes_t ex, amqp_bytes_t
 
 /* ---- the control queue ------------------------------------------------------------ */
 
-static int scheduler_bytes(amqp_pool_t *pool, amqp_bytes_t *dst, amqp_bytes_t src)
-{
-	dst->len = src.len;
-	dst->bytes = amqp_pool_alloc(pool, src.len ? src.len : 1);
-	if (dst->bytes == NULL)
-		return -1;
-	if (src.len)
-		memcpy(dst->bytes, src.bytes, src.len);
-	return 0;
-}
-
 static void scheduler_forbidden(struct scheduler *sc, const struct ladder_plan *plan)
 {
 	int64_t now = (int64_t)state_now_ms();
@@ -300,8 +289,8 @@ static int scheduler_message(void *state, uint64_t tag, amqp_message_t *msg)
 			break;
 		}
 		/* plan's names point into the headers ladder_final edits. */
-		if (scheduler_bytes(&msg->pool, &p.exchange, plan.exchange) != 0 ||
-		    scheduler_bytes(&msg->pool, &p.routing_key, plan.routing_key) != 0 ||
+		if (engine_bytes_copy(&msg->pool, &p.exchange, plan.exchange) != 0 ||
+		    engine_bytes_copy(&msg->pool, &p.routing_key, plan.routing_key) != 0 ||
 		    ladder_final(&msg->properties, &msg->pool) != 0)
 			return -1;
 		p.kind = SCHEDULER_DELIVER;
