@@ -22,6 +22,7 @@ import support  # noqa: E402
 VHOST = "acemq-dedup"
 VHOST_SHORT = "acemq-dedup-short"  # a window of 2 s
 VHOST_CC = "acemq-dedup-cc"        # with the claim check on large bodies too
+VHOST_HELD = "acemq-dedup-held"    # its broker reached through a relay a test can hold
 EX = "acemq-dd"                    # direct; under the rule
 EX_MISSING = "acemq-dd-missing"    # under the rule; declared only by a test
 EX_OTHER = "acemq-dd-other"        # direct; not under the rule
@@ -40,7 +41,7 @@ def dd():
     vhosts with dedup_publish rules, its rules and data dirs."""
     from conftest import Proxy
     support.ensure_rabbitmq(60)
-    for v in (VHOST, VHOST_SHORT, VHOST_CC):
+    for v in (VHOST, VHOST_SHORT, VHOST_CC, VHOST_HELD):
         support.rabbitmqctl("add_vhost", v, check=False)
         support.rabbitmqctl("set_permissions", "-p", v, "guest", ".*", ".*", ".*")
     top = tempfile.mkdtemp(prefix="acemq-dedup-")
@@ -57,11 +58,16 @@ def dd():
         f.write('{"vhost": "%s", "dedup_publish": {"match": %s}, "claim_check": '
                 '{"match": [{"exchange": "*"}], "threshold": 1000}}'
                 % (VHOST_CC, match[:-1] + ', {"exchange": ""}]'))
+    relay = support.HoldingRelay()
+    with open(os.path.join(rules, "held.json"), "w") as f:
+        f.write('{"vhost": "%s", "upstream": ["127.0.0.1:%d"], "dedup_publish": {"match": %s}}'
+                % (VHOST_HELD, relay.port, match))
     admin = support.free_port()
     p = Proxy(rules, data, ["--admin", "127.0.0.1:%d" % admin, "--purge-interval-s", "1"])
     p.admin = admin
     p.top, p.rules_dir, p.data_dir = top, rules, data
-    for v in (VHOST, VHOST_SHORT, VHOST_CC):
+    p.relay = relay
+    for v in (VHOST, VHOST_SHORT, VHOST_CC, VHOST_HELD):
         c = direct(v)
         ch = c.channel()
         ch.exchange_declare(EX, "direct")
@@ -70,6 +76,7 @@ def dd():
         c.close()
     yield p
     rc = p.stop()
+    relay.close()
     text = p.stderr()
     shutil.rmtree(top, ignore_errors=True)
     assert rc == 0, text[-3000:]
@@ -253,10 +260,12 @@ def test_without_confirms(dd):
 
 def test_in_flight_publishes_wait_for_the_first(dd):
     """Identical publishes pipelined behind one another, each sent before
-    the first was confirmed: one is delivered, every one is acked, in order."""
-    q, v, w = queue(), uuid.uuid4().hex, uuid.uuid4().hex
+    the first was confirmed: one is delivered, every one is acked, in order.
+    The broker's confirm of the first is held back in a relay until the
+    proxy has made the others wait, so the test does not race the broker."""
+    q, v, w = queue(VHOST_HELD), uuid.uuid4().hex, uuid.uuid4().hex
     before = stats(dd)
-    c = connect(dd.port)
+    c = connect(dd.port, VHOST_HELD)
     ch = c.channel()
     acks = []
     ch._impl.confirm_delivery(
@@ -264,9 +273,19 @@ def test_in_flight_publishes_wait_for_the_first(dd):
                                                  f.method.delivery_tag, f.method.multiple)),
         callback=lambda *_: None)
     c.process_data_events(0.2)
-    for i in range(5):
-        ch._impl.basic_publish(EX, q, b"p%d" % i, hdr(v))
-    ch._impl.basic_publish(EX, q, b"w", hdr(w))
+    dd.relay.hold()
+    try:
+        for i in range(5):
+            ch._impl.basic_publish(EX, q, b"p%d" % i, hdr(v))
+        ch._impl.basic_publish(EX, q, b"w", hdr(w))
+        deadline = time.monotonic() + 20
+        while (stats(dd)["dedup_waited"] == before["dedup_waited"]
+               and time.monotonic() < deadline):
+            c.process_data_events(0.05)
+        assert stats(dd)["dedup_waited"] > before["dedup_waited"]
+        assert acks == [], "confirmed while the broker's answers were held: %r" % acks
+    finally:
+        dd.relay.release()
     deadline = time.monotonic() + 20
     while len(acks) < 6 and time.monotonic() < deadline:
         c.process_data_events(0.05)
@@ -276,8 +295,7 @@ def test_in_flight_publishes_wait_for_the_first(dd):
     for _, tag, multiple in acks:
         covered |= set(range(1, tag + 1)) if multiple else {tag}
     assert covered == set(range(1, 7)), acks
-    assert bodies(q) == [b"p0", b"w"]
-    assert stats(dd)["dedup_waited"] > before["dedup_waited"]
+    assert bodies(q, VHOST_HELD) == [b"p0", b"w"]
 
 
 def test_pipelined_batch_keeps_order(dd):

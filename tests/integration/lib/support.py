@@ -277,3 +277,79 @@ def start_node(name, conf, node_port, dist_port, wait_port=None, timeout=90):
 def stop_node(name, top):
     rabbitmqctl("-n", name, "stop", check=False)
     shutil.rmtree(top, ignore_errors=True)
+
+
+class HoldingRelay:
+    """A TCP relay to the broker whose broker-to-client direction can be
+    held: while held, what the broker sends (confirms, deliveries) waits in
+    the relay, so a test can keep a publish unconfirmed for as long as it
+    needs instead of racing the broker. Use as a context manager."""
+
+    def __init__(self, target=(HOST, BROKER_PORT)):
+        import threading
+        self.target = target
+        self.flowing = threading.Event()
+        self.flowing.set()
+        self.lst = socket.socket()
+        self.lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.lst.bind((HOST, 0))
+        self.lst.listen(64)
+        self.port = self.lst.getsockname()[1]
+        self.socks = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        import threading
+        while True:
+            try:
+                c, _ = self.lst.accept()
+            except OSError:
+                return
+            try:
+                u = socket.create_connection(self.target, timeout=10)
+            except OSError:
+                c.close()
+                continue
+            u.settimeout(None)
+            self.socks += [c, u]
+            threading.Thread(target=self._copy, args=(c, u, None), daemon=True).start()
+            threading.Thread(target=self._copy, args=(u, c, self.flowing), daemon=True).start()
+
+    @staticmethod
+    def _copy(src, dst, gate):
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                if gate is not None:
+                    gate.wait()
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def hold(self):
+        self.flowing.clear()
+
+    def release(self):
+        self.flowing.set()
+
+    def close(self):
+        self.release()
+        self.lst.close()
+        for s in self.socks:
+            try:
+                s.close()
+            except OSError:
+                pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
