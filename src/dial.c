@@ -64,7 +64,7 @@ int dial_upstream(struct session *s)
 		if (tr == NULL) {
 			session_log(s, LOG_WARNING, "cannot connect to broker %s: %s", n->name,
 				    strerror(errno));
-			s->w->stats.upstream_failures++;
+			STATS_INC(&s->w->stats, upstream_failures);
 			upstream_failed(i);
 		}
 	}

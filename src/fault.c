@@ -26,13 +26,13 @@ void fault_refuse(struct session *s, enum limits_reason r, const struct frame_in
 			 "NOT_ALLOWED - number of channels opened (%u) has reached the proxy's "
 			 "max_channels (%ld)",
 			 s->nopen, limits_max_channels());
-		s->w->stats.refused_max_channels++;
+		STATS_INC(&s->w->stats, refused_max_channels);
 	} else {
 		snprintf(text, sizeof(text),
 			 "NOT_ALLOWED - connection limit (%ld) for vhost '%s' reached "
 			 "(max_connections_per_vhost)",
 			 limits_max_per_vhost(), s->vhost);
-		s->w->stats.refused_max_connections_per_vhost++;
+		STATS_INC(&s->w->stats, refused_max_connections_per_vhost);
 	}
 	limits_refused(r, text);
 	session_log(s, LOG_DEBUG, "refused: %s", text);
@@ -53,7 +53,7 @@ void fault_protocol(struct session *s, uint16_t code, const char *why, uint16_t 
 		session_log(s, LOG_WARNING, "protocol error %u: %s", code, why);
 		s->logged_error = 1;
 	}
-	s->w->stats.protocol_errors++;
+	STATS_INC(&s->w->stats, protocol_errors);
 	if (strstr(why, " - ") != NULL)
 		snprintf(text, sizeof(text), "%s", why);
 	else

@@ -62,7 +62,7 @@ static int handshake_proxy_header(struct session *s, struct evbuffer *in)
 		session_log(s, LOG_WARNING,
 			    "refused: no PROXY protocol header "
 			    "(proxy_protocol is on)");
-		s->w->stats.refused_proxy_protocol++;
+		STATS_INC(&s->w->stats, refused_proxy_protocol);
 		session_end(s);
 		return -1;
 	}
@@ -125,7 +125,7 @@ int handshake_header(struct session *s)
 	    memcmp(hdr, handshake_legacy_headers[0], sizeof(hdr)) != 0 &&
 	    memcmp(hdr, handshake_legacy_headers[1], sizeof(hdr)) != 0) {
 		session_log(s, LOG_WARNING, "not an AMQP 0-9-1 protocol header");
-		s->w->stats.connections_refused++;
+		STATS_INC(&s->w->stats, connections_refused);
 		evbuffer_add(transport_output(s->client.tr), handshake_amqp_header,
 			     sizeof(handshake_amqp_header));
 		s->client.done = 1;
@@ -322,7 +322,7 @@ static int handshake_greet_broker(struct session *s, const struct frame_info *fi
 		if (code == 0)
 			return 0;
 		if (code == REPLY_CONNECTION_FORCED)
-			s->w->stats.upstream_failures++; /* the broker's fault */
+			STATS_INC(&s->w->stats, upstream_failures); /* the broker's fault */
 		handshake_failed(s, (uint16_t)code, why);
 		return -1;
 	case AMQP_CONNECTION_OPEN_OK_METHOD:
@@ -349,7 +349,7 @@ static int handshake_greet_broker(struct session *s, const struct frame_info *fi
 		break;
 	}
 	session_log(s, LOG_WARNING, "broker handshake failed: %s", why);
-	s->w->stats.upstream_failures++;
+	STATS_INC(&s->w->stats, upstream_failures);
 	handshake_failed(s, REPLY_CONNECTION_FORCED,
 			 "CONNECTION_FORCED - the broker's handshake went wrong");
 	return -1;

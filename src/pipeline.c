@@ -443,7 +443,7 @@ static int pipeline_finish(struct pipeline *p, struct channel *ch, struct pipe_m
 	}
 	if (m->kind == PIPE_PUBLISH) {
 		if (v == PIPE_ANSWER) {
-			p->w->stats.publishes_answered++;
+			STATS_INC(&p->w->stats, publishes_answered);
 			if (ch->confirm_mode)
 				method_write_basic_ack(pipeline_out(p, DIR_TO_CLIENT), ch->id,
 						       confirmmap_answer(&ch->confirms), 0);
@@ -452,7 +452,7 @@ static int pipeline_finish(struct pipeline *p, struct channel *ch, struct pipe_m
 			return 0;
 		}
 		if (v == PIPE_REFUSE) {
-			p->w->stats.publishes_refused++;
+			STATS_INC(&p->w->stats, publishes_refused);
 			pipeline_refuse(p, ch);
 			pipeline_published(p, ch, m, 0, 0);
 			pipe_msg_free(m);
@@ -492,7 +492,7 @@ static int pipeline_finish(struct pipeline *p, struct channel *ch, struct pipe_m
 	}
 	switch (v) {
 	case PIPE_SWALLOW:
-		p->w->stats.messages_swallowed++;
+		STATS_INC(&p->w->stats, messages_swallowed);
 		if (m->kind != PIPE_RETURN) {
 			pipeline_settle_upstream(p, ch, m);
 			pipeline_settled(p, ch, AMQP_BASIC_ACK_METHOD, m->broker_tag);

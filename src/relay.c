@@ -30,9 +30,9 @@ void relay_forward(struct session *s, struct leg *from, size_t len)
 	struct evbuffer *out = session_out(s, from->dir);
 
 	if (from->dir == DIR_TO_BROKER)
-		s->w->stats.bytes_to_broker += len;
+		STATS_ADD(&s->w->stats, bytes_to_broker, len);
 	else
-		s->w->stats.bytes_to_client += len;
+		STATS_ADD(&s->w->stats, bytes_to_client, len);
 	if (out)
 		evbuffer_remove_buffer(in, out, len);
 	else
@@ -85,7 +85,7 @@ int relay_content_method(struct session *s, struct leg *from, struct channel *ch
 		}
 		ch->content[from->dir].msg = m;
 		ch->content[from->dir].expect = EXPECT_HEADER;
-		s->w->stats.messages_assembled++;
+		STATS_INC(&s->w->stats, messages_assembled);
 		if (pipeline_collect(&s->pipe, ch, m, in, len, FRAME_METHOD) !=
 		    PIPE_COLLECT_OK) {
 			session_shut(s, 541,
@@ -394,7 +394,7 @@ static void relay_pause(struct session *s, struct leg *from)
 {
 	if (!from->paused) {
 		from->paused = 1;
-		s->w->stats.backpressure_pauses++;
+		STATS_INC(&s->w->stats, backpressure_pauses);
 		transport_read_disable(from->tr);
 	}
 }
@@ -475,7 +475,7 @@ int relay_pump(struct session *s, struct leg *from)
 			} else {
 				session_log(s, LOG_WARNING, "broker sent a bad frame: %s",
 					    fi.error);
-				s->w->stats.upstream_failures++;
+				STATS_INC(&s->w->stats, upstream_failures);
 				from->eof = 1;
 				session_shut(s, REPLY_CONNECTION_FORCED,
 					     "CONNECTION_FORCED - broker sent a bad frame");
@@ -524,9 +524,9 @@ int relay_pump(struct session *s, struct leg *from)
 	if (run)
 		relay_forward(s, from, run);
 	if (from->dir == DIR_TO_BROKER)
-		s->w->stats.frames_to_broker += frames;
+		STATS_ADD(&s->w->stats, frames_to_broker, frames);
 	else
-		s->w->stats.frames_to_client += frames;
+		STATS_ADD(&s->w->stats, frames_to_client, frames);
 	if (s->state == SESSION_CLOSING) {
 		if (s->client.done)
 			session_leg_finish(s, &s->client);

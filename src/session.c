@@ -113,7 +113,7 @@ static void session_destroy(struct session *s)
 	if (s->wake)
 		event_free(s->wake);
 	greeting_free(s->greeting);
-	s->w->stats.connections_closed++;
+	STATS_INC(&s->w->stats, connections_closed);
 	worker_session_remove(s->w, s);
 	free(s);
 }
@@ -157,7 +157,7 @@ static void session_timer(struct session *s)
 		session_log(s, LOG_WARNING, "broker %s not reached within %ld ms",
 			    upstream_node(s->upstream_at)->name,
 			    worker_settings.connect_timeout_ms);
-		s->w->stats.upstream_failures++;
+		STATS_INC(&s->w->stats, upstream_failures);
 		if (dial_next(s) == 0)
 			return; /* the next broker address */
 		dial_unreachable(s);
@@ -390,7 +390,7 @@ struct session *session_new(struct worker *w, int fd, const struct sockaddr *sa,
 		return NULL;
 	}
 	worker_session_add(w, s);
-	w->stats.connections_accepted++;
+	STATS_INC(&w->stats, connections_accepted);
 	session_leg_setup(s, &s->client, tr, DIR_TO_BROKER);
 	session_set_state(s, SESSION_HEADER);
 	session_timer_set(s, worker_settings.handshake_timeout_ms);
@@ -420,7 +420,7 @@ static void session_leg_lost(struct session *s, struct leg *l, const char *why)
 		 * it, so the next address is tried, as for a refused connect. */
 		session_log(s, LOG_WARNING, "broker %s closed before connection.start: %s",
 			    upstream_node(s->upstream_at)->name, why);
-		s->w->stats.upstream_failures++;
+		STATS_INC(&s->w->stats, upstream_failures);
 		if (dial_next(s) != 0)
 			dial_unreachable(s);
 		return;
@@ -446,7 +446,7 @@ static void session_leg_lost(struct session *s, struct leg *l, const char *why)
 	}
 	if (l == &s->upstream) {
 		session_log(s, LOG_WARNING, "broker connection lost: %s", why);
-		s->w->stats.upstream_failures++;
+		STATS_INC(&s->w->stats, upstream_failures);
 		session_leg_finish(s, l);
 		session_shut(s, REPLY_CONNECTION_FORCED,
 			     "CONNECTION_FORCED - broker connection lost");
@@ -486,7 +486,7 @@ static void session_silent(struct session *s, struct leg *l)
 	if (l == &s->upstream && s->state == SESSION_OPEN) {
 		session_log(s, LOG_WARNING, "broker missed heartbeats");
 		l->eof = 1;
-		s->w->stats.upstream_failures++;
+		STATS_INC(&s->w->stats, upstream_failures);
 		session_leg_finish(s, l);
 		session_shut(s, REPLY_CONNECTION_FORCED,
 			     "CONNECTION_FORCED - broker missed heartbeats");
@@ -504,7 +504,7 @@ static void session_leg_end(struct session *s, struct leg *l, int err)
 	if (err && s->state == SESSION_CONNECTING && l == &s->upstream) {
 		session_log(s, LOG_WARNING, "cannot connect to broker %s: %s",
 			    upstream_node(s->upstream_at)->name, transport_error(l->tr, err));
-		s->w->stats.upstream_failures++;
+		STATS_INC(&s->w->stats, upstream_failures);
 		if (dial_next(s) != 0)
 			dial_unreachable(s);
 		return;

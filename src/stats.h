@@ -110,6 +110,15 @@ struct stats {
 	uint64_t msg_time_sum_us, msg_time_count;
 };
 
+/* A worker's counters have one writer, that worker, and are read by the
+ * admin thread: a relaxed load and store (a plain add on the common
+ * machines, no locked instruction) that never tears a value. A counter
+ * another thread bumps too (the listener's refusals) uses an atomic add. */
+#define STATS_ADD(st, name, n)                                                              \
+	__atomic_store_n(&(st)->name, __atomic_load_n(&(st)->name, __ATOMIC_RELAXED) + (n), \
+			 __ATOMIC_RELAXED)
+#define STATS_INC(st, name) STATS_ADD(st, name, 1)
+
 /* On the worker that owns st. */
 static inline void stats_msg_time(struct stats *st, uint64_t us)
 {
@@ -118,9 +127,9 @@ static inline void stats_msg_time(struct stats *st, uint64_t us)
 
 	for (i = 0; i < STATS_TIME_BUCKETS && us > bounds[i]; i++)
 		;
-	__atomic_fetch_add(&st->msg_time[i], 1, __ATOMIC_RELAXED);
-	__atomic_fetch_add(&st->msg_time_sum_us, us, __ATOMIC_RELAXED);
-	__atomic_fetch_add(&st->msg_time_count, 1, __ATOMIC_RELAXED);
+	STATS_INC(st, msg_time[i]);
+	STATS_ADD(st, msg_time_sum_us, us);
+	STATS_INC(st, msg_time_count);
 }
 
 #endif

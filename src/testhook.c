@@ -3,7 +3,8 @@
  * takes bodies published with a routing key "stream.*" as a stream,
  * replacing each with "LENGTH:FNV1A64HEX" so a test can tell the proxy held
  * none of it. Sessions on a vhost whose name starts with "plain" are left
- * alone. */
+ * alone; on one whose name starts with "closer", a channel's close closes
+ * the connection from inside the hook. */
 #include "hooks.h"
 
 #include "channel.h"
@@ -126,6 +127,10 @@ static void testhook_channel_closed(void *state, struct pipeline *p, struct chan
 
 	if (ch->id < st->n)
 		st->deliveries[ch->id] = st->publishes[ch->id] = 0;
+	/* A vhost named closer*: a closed channel closes the connection
+	 * from inside the hook, so the callers' legs may be gone on return. */
+	if (strncmp(p->vhost, "closer", 6) == 0)
+		pipeline_close(p, 320, "CONNECTION_FORCED - closed by the test hook");
 }
 
 static const struct pipe_hook testhook = {

@@ -1,6 +1,7 @@
 /* worker: a thread with its own event loop that owns the sessions handed to it. */
 #include "worker.h"
 
+#include "debug.h"
 #include "limits.h"
 #include "log.h"
 #include "rules.h"
@@ -234,13 +235,14 @@ void worker_fini(struct worker *w)
 void worker_session_add(struct worker *w, struct session *s)
 {
 	list_add(&s->link, &w->sessions);
-	w->nsessions++;
+	__atomic_store_n(&w->nsessions, w->nsessions + 1, __ATOMIC_RELAXED); /* read by admin */
 }
 
 void worker_session_remove(struct worker *w, struct session *s)
 {
 	list_del(&s->link);
-	w->nsessions--;
+	ACEMQ_ASSERT(w->nsessions > 0);
+	__atomic_store_n(&w->nsessions, w->nsessions - 1, __ATOMIC_RELAXED); /* read by admin */
 	limits_connection_leave();
 	worker_check_drained(w);
 }

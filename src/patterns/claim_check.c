@@ -227,8 +227,8 @@ static void claim_check_up_done_in(struct pipeline *p, void *arg)
 		    evbuffer_add(m->body, claims_upload_key(up->u), CLAIMS_KEY_LEN) == 0) {
 			m->body_dirty = 1;
 			v = PIPE_PASS;
-			p->w->stats.claims_offloaded++;
-			p->w->stats.claims_offloaded_bytes += m->body_size;
+			STATS_INC(&p->w->stats, claims_offloaded);
+			STATS_ADD(&p->w->stats, claims_offloaded_bytes, m->body_size);
 		}
 	}
 	/* A durable payload nothing will refer to is removed. */
@@ -249,7 +249,7 @@ static void claim_check_up_done(void *arg, int rc)
 
 	up->rc = rc;
 	if (rc != 0) {
-		up->cc->p->w->stats.claims_store_errors++;
+		STATS_INC(&up->cc->p->w->stats, claims_store_errors);
 		pipeline_log(up->cc->p, LOG_WARNING,
 			     "claim check: the store refused a payload; publish refused");
 	}
@@ -355,7 +355,7 @@ static enum pipe_verdict claim_check_publish(struct claim_check *cc, struct pipe
 		return PIPE_PASS;
 	}
 	if (up->u == NULL || claims_upload_failed(up->u) || claims_upload_finish(up->u) != 0) {
-		p->w->stats.claims_store_errors++;
+		STATS_INC(&p->w->stats, claims_store_errors);
 		claims_upload_abandon(up->u);
 		up->u = NULL;
 		if (up->held) {
@@ -394,7 +394,7 @@ static void claim_check_rd_end(struct pipeline *p, struct claim_check_rd *rd,
 static enum pipe_verdict claim_check_missing(struct claim_check *cc, struct pipeline *p,
 					     const char *why, const char *key)
 {
-	p->w->stats.claims_missing++;
+	STATS_INC(&p->w->stats, claims_missing);
 	pipeline_log(p, LOG_WARNING, "claim check: %s (key %.64s): %s", why, key,
 		     cc->on_missing == RULES_MISSING_PASS ? "delivered as it is"
 							  : "dead-lettered");
@@ -430,7 +430,7 @@ static void claim_check_read_opened_in(struct pipeline *p, void *arg)
 		return;
 	}
 	if (o->rc != 0) {
-		p->w->stats.claims_store_errors++;
+		STATS_INC(&p->w->stats, claims_store_errors);
 		pipeline_log(p, LOG_ERROR, "claim check: reading %s failed", rd->key);
 		claim_check_rd_end(p, rd, PIPE_REFUSE);
 		return;
@@ -475,11 +475,11 @@ static void claim_check_rd_finish(struct pipeline *p, struct claim_check_rd *rd,
 	if (!ok) {
 		/* Part of the body is out: the message cannot be finished on
 		 * its channel, so the connection goes (the broker requeues). */
-		p->w->stats.claims_store_errors++;
+		STATS_INC(&p->w->stats, claims_store_errors);
 		pipeline_close(p, 541,
 			       "INTERNAL_ERROR - the proxy could not read a message's payload");
 	} else if (ch && !ch->proxy_closing) {
-		p->w->stats.claims_rehydrated++;
+		STATS_INC(&p->w->stats, claims_rehydrated);
 	}
 	pipeline_stream_out_end(p, ch, m);
 }
@@ -551,13 +551,13 @@ static enum pipe_verdict claim_check_delivery(struct claim_check *cc, struct pip
 	case CLAIM_CHECK_INLINED:
 		evbuffer_drain(m->body, 3);
 		m->body_dirty = 1;
-		p->w->stats.claims_inline_stripped++;
+		STATS_INC(&p->w->stats, claims_inline_stripped);
 		return PIPE_PASS;
 	case CLAIM_CHECK_REFERENCE:
 		break;
 	}
 	if (!claims_key_valid(body + 3, klen)) {
-		p->w->stats.claims_bad_keys++;
+		STATS_INC(&p->w->stats, claims_bad_keys);
 		claim_check_printable(shown, sizeof(shown), body + 3, klen);
 		return claim_check_missing(cc, p, "a key the store never issues", shown);
 	}

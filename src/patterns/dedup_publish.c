@@ -286,7 +286,7 @@ static enum pipe_verdict dedup_publish_answer(struct dedup_publish_entry *e, str
 	}
 	switch (e->answer) {
 	case IDEM_DUPLICATE:
-		p->w->stats.dedup_duplicate++;
+		STATS_INC(&p->w->stats, dedup_duplicate);
 		vstats_add(vstats_get(p->vhost, NULL), VSTATS_dedup_duplicate);
 		pipeline_log(p, LOG_DEBUG, "dedup_publish: a duplicate on channel %u answered",
 			     ch->id);
@@ -298,7 +298,7 @@ static enum pipe_verdict dedup_publish_answer(struct dedup_publish_entry *e, str
 		 * known (or its lease runs out). */
 		if (!e->waited) {
 			e->waited = 1;
-			p->w->stats.dedup_waited++;
+			STATS_INC(&p->w->stats, dedup_waited);
 		}
 		if (e->phase != PHASE_WAITING)
 			e->st->nwaiting++;
@@ -308,7 +308,7 @@ static enum pipe_verdict dedup_publish_answer(struct dedup_publish_entry *e, str
 		tv.tv_sec = e->poll_ms / 1000;
 		tv.tv_usec = (e->poll_ms % 1000) * 1000;
 		if (e->timer == NULL || evtimer_add(e->timer, &tv) != 0) {
-			p->w->stats.dedup_store_errors++;
+			STATS_INC(&p->w->stats, dedup_store_errors);
 			e->m = NULL;
 			dedup_publish_free(e);
 			return PIPE_PASS;
@@ -319,7 +319,7 @@ static enum pipe_verdict dedup_publish_answer(struct dedup_publish_entry *e, str
 		return PIPE_WAIT;
 	default:
 		/* Reserved: passed on (other hooks may still have their say). */
-		p->w->stats.dedup_first++;
+		STATS_INC(&p->w->stats, dedup_first);
 		vstats_add(vstats_get(p->vhost, NULL), VSTATS_dedup_first);
 		e->phase = PHASE_PASSED;
 		return PIPE_PASS;
@@ -361,7 +361,7 @@ static void dedup_publish_again_in(struct pipeline *p, void *arg)
 	e->answered = 0;
 	e->op = dedup_publish_submit(e, IDEM_CLAIM);
 	if (e->op == NULL) {
-		p->w->stats.dedup_store_errors++;
+		STATS_INC(&p->w->stats, dedup_store_errors);
 		e->answered = 1;
 		e->rc = STATE_IO;
 		dedup_publish_resume(e, p);
@@ -405,7 +405,7 @@ static void dedup_publish_recheck(struct dedup_publish_entry *x)
 	x->answered = 0;
 	x->op = dedup_publish_submit(x, IDEM_CLAIM);
 	if (x->op == NULL) {
-		x->st->p->w->stats.dedup_store_errors++;
+		STATS_INC(&x->st->p->w->stats, dedup_store_errors);
 		x->answered = 1;
 		x->rc = STATE_IO;
 	}
@@ -417,7 +417,7 @@ static void dedup_publish_done(struct worker_call *c)
 	struct dedup_publish_entry *e = link_owner(&op->to);
 
 	if (op->req.w.rc != STATE_OK)
-		op->req.w.w->stats.dedup_store_errors++;
+		STATS_INC(&op->req.w.w->stats, dedup_store_errors);
 	if (e && !pipeline_call(e->st->p, dedup_publish_done_in, op)) {
 		/* The session is closing: what it reserved is given up when it
 		 * goes. */
@@ -655,7 +655,7 @@ static int dedup_publish_header_want(void *state, struct pipeline *p, struct cha
 		return PIPE_WANT_NONE;
 	}
 	if (vlen == 0) {
-		p->w->stats.dedup_no_header++;
+		STATS_INC(&p->w->stats, dedup_no_header);
 		return PIPE_WANT_NONE; /* untouched, its body not held */
 	}
 	return dedup_publish_applies(r, m->method, props) ? PIPE_WANT_MSG : PIPE_WANT_NONE;
@@ -695,7 +695,7 @@ static enum pipe_verdict dedup_publish_message(void *state, struct pipeline *p,
 		e->op = dedup_publish_submit(e, IDEM_CLAIM);
 		if (e->op)
 			return PIPE_WAIT;
-		p->w->stats.dedup_store_errors++;
+		STATS_INC(&p->w->stats, dedup_store_errors);
 		e->m = NULL;
 		dedup_publish_free(e);
 		return PIPE_PASS;
@@ -704,7 +704,7 @@ static enum pipe_verdict dedup_publish_message(void *state, struct pipeline *p,
 				pub->mandatory, v, vlen, r);
 	if (e == NULL) {
 		/* Cannot even ask: forwarded, not remembered. */
-		p->w->stats.dedup_store_errors++;
+		STATS_INC(&p->w->stats, dedup_store_errors);
 		return PIPE_PASS;
 	}
 	e->m = m;

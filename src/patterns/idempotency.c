@@ -213,7 +213,7 @@ static enum pipe_verdict idempotency_decide(struct idempotency_entry *e, struct 
 	if (e->store_failed) {
 		/* The store could not say: delivered (never lost; it may run
 		 * twice). */
-		p->w->stats.idem_store_errors++;
+		STATS_INC(&p->w->stats, idem_store_errors);
 		e->phase = PHASE_DELIVERED;
 		e->m = NULL;
 		if (m->no_ack)
@@ -222,13 +222,13 @@ static enum pipe_verdict idempotency_decide(struct idempotency_entry *e, struct 
 	}
 	switch (e->answer) {
 	case IDEM_DUPLICATE:
-		p->w->stats.idem_duplicate++;
+		STATS_INC(&p->w->stats, idem_duplicate);
 		vstats_add(e->vs, VSTATS_duplicate);
 		e->m = NULL;
 		idempotency_entry_free(e);
 		return PIPE_SWALLOW; /* acknowledged upstream; never seen */
 	case IDEM_IN_PROGRESS:
-		p->w->stats.idem_in_progress++;
+		STATS_INC(&p->w->stats, idem_in_progress);
 		vstats_add(e->vs, VSTATS_in_progress);
 		if (m->no_ack) {
 			/* The broker let go of it already: delivered, not lost. */
@@ -245,7 +245,7 @@ static enum pipe_verdict idempotency_decide(struct idempotency_entry *e, struct 
 		}
 		return PIPE_HOLD; /* m stays with the entry */
 	default:
-		p->w->stats.idem_claimed++;
+		STATS_INC(&p->w->stats, idem_claimed);
 		vstats_add(e->vs, VSTATS_claimed);
 		e->phase = PHASE_DELIVERED;
 		e->m = NULL;
@@ -275,11 +275,11 @@ static void idempotency_put_back_settle_in(struct pipeline *p, void *arg)
 		return;
 	}
 	if (copied) {
-		p->w->stats.idem_put_back++;
+		STATS_INC(&p->w->stats, idem_put_back);
 		vstats_add(vs, VSTATS_put_back);
 		pipeline_ack(p, ch, m);
 	} else {
-		p->w->stats.idem_put_back_requeued++;
+		STATS_INC(&p->w->stats, idem_put_back_requeued);
 		vstats_add(vs, VSTATS_requeued);
 		pipeline_requeue(p, ch, m, 1);
 	}
@@ -364,7 +364,7 @@ static void idempotency_done_in(struct pipeline *p, void *arg)
 	/* A confirm or forget is durable (or failed: the settle goes on, a
 	 * redelivery is then at worst run again). */
 	if (op->req.w.rc != STATE_OK)
-		p->w->stats.idem_store_errors++;
+		STATS_INC(&p->w->stats, idem_store_errors);
 	e->settled = 1;
 	if (e->counted && st->gate_pending > 0)
 		st->gate_pending--;
@@ -694,7 +694,7 @@ static enum pipe_verdict idempotency_message(void *state, struct pipeline *p,
 			return PIPE_PASS;
 		klen = idempotency_key(r, m->props, m->body, &key);
 		if (klen == 0) {
-			p->w->stats.idem_no_key++;
+			STATS_INC(&p->w->stats, idem_no_key);
 			vstats_add(idempotency_vstats(st, r->queue), VSTATS_no_key);
 			return PIPE_PASS;
 		}
@@ -705,7 +705,7 @@ static enum pipe_verdict idempotency_message(void *state, struct pipeline *p,
 			return PIPE_PASS;
 		if (idempotency_claim(st, e) != 0) {
 			idempotency_entry_free(e);
-			p->w->stats.idem_store_errors++;
+			STATS_INC(&p->w->stats, idem_store_errors);
 			return PIPE_PASS;
 		}
 	}

@@ -143,11 +143,11 @@ static enum pipe_verdict reply_to_message(void *state, struct pipeline *p, struc
 		return PIPE_PASS;
 	m->props_dirty = 1;
 	if (rc & REPLY_TO_HEADER_ADDED)
-		p->w->stats.reply_to_header_added++;
+		STATS_INC(&p->w->stats, reply_to_header_added);
 	if (rc & REPLY_TO_PROPERTY_SET)
-		p->w->stats.reply_to_property_set++;
+		STATS_INC(&p->w->stats, reply_to_property_set);
 	if (rc & REPLY_TO_MISMATCH)
-		p->w->stats.reply_to_mismatch++;
+		STATS_INC(&p->w->stats, reply_to_mismatch);
 	return PIPE_PASS;
 }
 

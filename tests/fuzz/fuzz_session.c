@@ -353,7 +353,9 @@ static void fuzz_client_frame(uint8_t k, uint8_t p)
 		break;
 	}
 	case 3: {
-		amqp_connection_open_t m = {.virtual_host = fuzz_str(p & 1 ? "plain" : "/"),
+		amqp_connection_open_t m = {.virtual_host = fuzz_str(p & 1     ? "plain"
+								     : (p & 4) ? "closer"
+									       : "/"),
 					    .capabilities = fuzz_str("")};
 		method_write(b, 0, AMQP_CONNECTION_OPEN_METHOD, &m);
 		break;

@@ -170,3 +170,54 @@ def test_unit_decisions_on_a_real_database(pg):
     r = subprocess.run([unit], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                        text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:]
+
+
+def unacked():
+    import support
+    return support.queue_stats(IDEM_Q)[1]
+
+
+def test_held_ack_counted_once(pg, top, fresh):
+    """An ack the idempotency gate holds (its confirm is in a database that
+    hangs) is scanned again at each input behind it, and counted in
+    frames_to_broker once, when it goes: the ack and ten heartbeats sent
+    while it waited are eleven frames."""
+    import struct
+    import amqp_wire as w
+    h = Host(top, "count-%s" % uuid.uuid4().hex[:6], pg.url, timeout_ms=5000)
+    pids = []
+    try:
+        assert wait_ready(h, 200)
+        publish(BROKER, IDEM_Q, [(b"x", mid(uuid.uuid4().hex))])
+        c = w.RawClient(h.port)
+        c.handshake()
+        c.channel_open(1)
+        got = c.basic_get(1, IDEM_Q, no_ack=False)
+        assert got is not None
+        tag = got[0]["delivery_tag"]
+        pids = _cluster_pids(pg)
+        for p in pids:
+            try:
+                os.kill(p, signal.SIGSTOP)
+            except ProcessLookupError:
+                pass
+        before = h.metric('acemq_proxy_frames_total{direction="to_broker"}')
+        c.send(w.method_frame(1, w.BASIC_ACK, struct.pack(">QB", tag, 0)))
+        for _ in range(10):
+            time.sleep(0.1)
+            c.send(w.frame(w.FRAME_HEARTBEAT, 0, b""))
+        time.sleep(0.3)
+        # Held: neither the ack nor the heartbeats behind it went.
+        assert unacked() == 1
+        _resume(pids)
+        pids = []
+        deadline = time.time() + 20
+        while unacked() and time.time() < deadline:
+            time.sleep(0.1)
+        assert unacked() == 0
+        after = h.metric('acemq_proxy_frames_total{direction="to_broker"}')
+        assert after - before == 11, (before, after)
+        c.close()
+    finally:
+        _resume(pids)
+        h.stop()
