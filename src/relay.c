@@ -376,6 +376,10 @@ static int relay_channel_closing(struct session *s, struct leg *from,
 		if (!ch->proxy_closing) {
 			pipeline_channel_closed(&s->pipe, ch);
 			session_channel_shut(s, ch);
+			/* A hook may have closed the session (the test hook on
+			 * closer* vhosts does): the leg may be gone. */
+			if (from->tr == NULL)
+				return -1;
 			if (ch->closing_hold) {
 				ch->closing_hold = 0;
 				evbuffer_drain(transport_input(from->tr),
