@@ -427,3 +427,92 @@ int greeting_broker_tune(struct greeting *g, const amqp_connection_tune_t *t,
 	evbuffer_add_buffer(out, g->kept); /* the open */
 	return 0;
 }
+
+/* AMQPLAIN's response: a field table's entries without the table's length;
+ * the long-string value of key, or -1. */
+static int greeting_amqplain(const uint8_t *p, size_t len, const char *key, char *out,
+			     size_t outlen)
+{
+	size_t at = 0, klen = strlen(key);
+
+	while (at < len) {
+		size_t n = p[at++], vlen;
+		const uint8_t *name = p + at;
+
+		if (n > len - at)
+			return -1;
+		at += n;
+		if (at >= len || p[at] != 'S')
+			return -1; /* only long strings are expected here */
+		at++;
+		if (len - at < 4)
+			return -1;
+		vlen = (size_t)p[at] << 24 | (size_t)p[at + 1] << 16 | (size_t)p[at + 2] << 8 |
+		       p[at + 3];
+		at += 4;
+		if (vlen > len - at)
+			return -1;
+		if (n == klen && memcmp(name, key, n) == 0) {
+			if (vlen >= outlen)
+				return -1;
+			memcpy(out, p + at, vlen);
+			out[vlen] = '\0';
+			return 0;
+		}
+		at += vlen;
+	}
+	return -1;
+}
+
+int greeting_credentials(const amqp_connection_start_ok_t *m, char *user, size_t ulen,
+			 char *pass, size_t plen)
+{
+	const uint8_t *r = m->response.bytes;
+	size_t len = m->response.len, i, u;
+
+	if (ulen == 0 || plen == 0)
+		return -1;
+	if (greeting_is(&m->mechanism, "AMQPLAIN"))
+		return greeting_amqplain(r, len, "LOGIN", user, ulen) == 0 &&
+			       greeting_amqplain(r, len, "PASSWORD", pass, plen) == 0
+			   ? 0
+			   : -1;
+	if (!greeting_is(&m->mechanism, "PLAIN"))
+		return -1;
+	/* authzid NUL authcid NUL password */
+	for (i = 0; i < len && r[i]; i++)
+		;
+	if (i >= len)
+		return -1;
+	u = ++i;
+	for (; i < len && r[i]; i++)
+		;
+	if (i >= len || i - u >= ulen || len - i - 1 >= plen)
+		return -1;
+	memcpy(user, r + u, i - u);
+	user[i - u] = '\0';
+	memcpy(pass, r + i + 1, len - i - 1);
+	pass[len - i - 1] = '\0';
+	return 0;
+}
+
+int greeting_capability(const amqp_table_t *props, const char *name)
+{
+	int i, j;
+
+	for (i = 0; i < props->num_entries; i++) {
+		const amqp_table_entry_t *e = &props->entries[i];
+
+		if (e->value.kind != AMQP_FIELD_KIND_TABLE ||
+		    !greeting_is(&e->key, "capabilities"))
+			continue;
+		for (j = 0; j < e->value.value.table.num_entries; j++) {
+			const amqp_table_entry_t *c = &e->value.value.table.entries[j];
+
+			if (greeting_is(&c->key, name) &&
+			    c->value.kind == AMQP_FIELD_KIND_BOOLEAN)
+				return c->value.value.boolean != 0;
+		}
+	}
+	return 0;
+}

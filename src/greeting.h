@@ -98,4 +98,10 @@ int greeting_broker_start(struct greeting *g, struct evbuffer *out);
 int greeting_broker_tune(struct greeting *g, const amqp_connection_tune_t *t,
 			 struct evbuffer *out, char *why, size_t whylen);
 
+/* The user and password of a start-ok (PLAIN or AMQPLAIN), NUL-ended;
+ * 0, or -1 when they do not parse or do not fit. */
+int greeting_credentials(const amqp_connection_start_ok_t *m, char *user, size_t ulen,
+			 char *pass, size_t plen);
+/* Whether client properties announce capability name as true. */
+int greeting_capability(const amqp_table_t *props, const char *name);
 #endif

@@ -13,6 +13,7 @@
 #include "greeting.h"
 #include "limits.h"
 #include "log.h"
+#include "pool.h"
 #include "relay.h"
 #include "rules.h"
 #include "session.h"
@@ -134,7 +135,7 @@ int handshake_header(struct session *s)
 	}
 	evbuffer_drain(in, sizeof(hdr));
 	memcpy(s->header, hdr, sizeof(hdr));
-	if (s->w->rules && s->w->rules->any_upstream) {
+	if (s->w->rules && s->w->rules->greets) {
 		/* The broker depends on the vhost, named only at
 		 * connection.open: the proxy greets the client itself. */
 		s->greeting = greeting_new();
@@ -194,6 +195,7 @@ static void handshake_start_ok(struct session *s, const amqp_connection_start_ok
 {
 	const char *resp = m->response.bytes;
 	size_t len = m->response.len, i, start;
+	char pass[256];
 
 	if (m->mechanism.len == 5 && memcmp(m->mechanism.bytes, "PLAIN", 5) == 0) {
 		/* authzid NUL authcid NUL password: keep the authcid only. */
@@ -205,6 +207,9 @@ static void handshake_start_ok(struct session *s, const amqp_connection_start_ok
 		if (start < len && i - start < sizeof(s->user))
 			snprintf(s->user, sizeof(s->user), "%.*s", (int)(i - start),
 				 resp + start);
+	} else if (m->mechanism.len == 8 && memcmp(m->mechanism.bytes, "AMQPLAIN", 8) == 0 &&
+		   greeting_credentials(m, s->user, sizeof(s->user), pass, sizeof(pass)) == 0) {
+		memset(pass, 0, sizeof(pass)); /* only the user is kept */
 	} else if (m->mechanism.len) {
 		snprintf(s->user, sizeof(s->user), "(%.*s)", (int)m->mechanism.len,
 			 (const char *)m->mechanism.bytes);
@@ -266,6 +271,14 @@ static int handshake_greet_client(struct session *s, const struct frame_info *fi
 			s->upstreams = v->upstream;
 		/* The client's next frames wait for the broker's open-ok. */
 		session_hold(s, DIR_TO_BROKER);
+		if (v && v->pool.enabled) {
+			/* Its channels ride on a shared broker connection. */
+			if (pool_dial(s, v) != 0) {
+				handshake_failed(s, 541, "INTERNAL_ERROR - out of memory");
+				return -1;
+			}
+			return 0;
+		}
 		if (dial_upstream(s) != 0) {
 			dial_unreachable(s);
 			return -1;
@@ -370,7 +383,7 @@ int handshake_method(struct session *s, struct leg *from, const struct frame_inf
 	switch (id) {
 	case AMQP_CONNECTION_START_METHOD:
 		/* Learned for greeted clients, when the rules make some. */
-		if (s->w->rules && s->w->rules->any_upstream)
+		if (s->w->rules && s->w->rules->greets)
 			greeting_learn(s->upstream_at,
 				       &((amqp_connection_start_t *)m)->server_properties);
 		s->started = 1;

@@ -163,6 +163,7 @@ static int main_check(struct config *cfg, int nerr, FILE *err)
 			nerr++;
 	upstream_set_retry_ms(config_num(cfg, CFG_UPSTREAM_RETRY_MS));
 	rules_set_postgresql(config_str(cfg, CFG_POSTGRES_URL)[0] != '\0');
+	rules_set_upstream_proxy((int)config_num(cfg, CFG_UPSTREAM_PROXY_PROTOCOL));
 	r = rules_load(config_str(cfg, CFG_RULES), err, &rerr);
 	rules_unref(r);
 	nerr += rerr;

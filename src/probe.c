@@ -221,7 +221,7 @@ void probe_rules(const struct rules *r)
 	if (probe_base == NULL)
 		return;
 	/* Only greeted clients are shown what a broker announced. */
-	if (r && r->any_upstream) {
+	if (r && r->greets) {
 		while ((i = upstream_pick(NULL, nodes)) >= 0)
 			nodes |= 1u << i;
 		for (k = 0; k < r->n; k++)

@@ -23,6 +23,7 @@ struct rules_ctx {
 
 static uint64_t rules_generation;
 static int rules_postgresql;
+static int rules_upstream_proxy; /* upstream_proxy_protocol is on */
 
 static void rules_error(struct rules_ctx *c, const char *key, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -293,6 +294,30 @@ static void rules_parse_schedule(struct rules_ctx *c, const cJSON *obj,
 void rules_set_postgresql(int configured)
 {
 	rules_postgresql = configured;
+}
+
+void rules_set_upstream_proxy(int on)
+{
+	rules_upstream_proxy = on;
+}
+
+/* "pool": broker connections shared by the vhost's clients (pool.c). */
+static void rules_parse_pool(struct rules_ctx *c, const cJSON *obj, struct rules_pool *p)
+{
+	static const char *const keys[] = {"max_connections", "max_channels_per_connection",
+					   "idle_s", "auth_ttl_s", NULL};
+
+	rules_known_keys(c, obj, "pool", keys);
+	p->enabled = 1;
+	p->max_connections = rules_int(c, obj, "pool", "max_connections", 8, 1, 10000);
+	p->max_channels =
+	    rules_int(c, obj, "pool", "max_channels_per_connection", 512, 1, 2047);
+	p->idle_s = rules_int(c, obj, "pool", "idle_s", 30, 0, 86400);
+	p->auth_ttl_s = rules_int(c, obj, "pool", "auth_ttl_s", 60, 0, 86400);
+	if (rules_upstream_proxy)
+		rules_error(c, "pool",
+			    "cannot be used with upstream_proxy_protocol: a pooled broker "
+			    "connection carries many clients, so no one client's address");
 }
 
 /* "store": {"type": "lmdb" | "postgresql"} of an idempotency entry or of
@@ -615,9 +640,9 @@ static void rules_parse_upstream(struct rules_ctx *c, const cJSON *o, struct ups
 /* Parse one file into v; returns the number of errors in it. */
 static int rules_parse_file(struct rules_ctx *c, const char *path, struct rules_vhost *v)
 {
-	static const char *const keys[] = {
-	    "vhost",         "reply_to",    "claim_check", "schedule",
-	    "dedup_publish", "idempotency", "upstream",    NULL};
+	static const char *const keys[] = {"vhost",    "reply_to",      "claim_check",
+					   "schedule", "dedup_publish", "idempotency",
+					   "upstream", "pool",          NULL};
 	static const char *const reply_keys[] = {"enabled", NULL};
 	int before = c->nerrors;
 	const cJSON *o;
@@ -675,6 +700,9 @@ static int rules_parse_file(struct rules_ctx *c, const char *path, struct rules_
 	o = cJSON_GetObjectItemCaseSensitive(root, "upstream");
 	if (o)
 		rules_parse_upstream(c, o, &v->upstream);
+	o = rules_object(c, root, "", "pool");
+	if (o)
+		rules_parse_pool(c, o, &v->pool);
 	cJSON_Delete(root);
 	return c->nerrors - before;
 }
@@ -749,8 +777,8 @@ struct rules *rules_load(const char *dir, FILE *err, int *nerrors)
 			rules_vhost_free(v);
 			continue;
 		}
-		if (v->upstream.n)
-			r->any_upstream = 1;
+		if (v->upstream.n || v->pool.enabled)
+			r->greets = 1;
 		if (v->dedup_publish.enabled && v->dedup_publish.store == RULES_KEYS_POSTGRESQL)
 			r->any_postgresql = 1;
 		for (j = 0; j < v->nidempotency; j++)

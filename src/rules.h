@@ -62,6 +62,14 @@ struct rules_idempotency {
 	enum rules_keys_store store;
 };
 
+/* "pool": the vhost's clients share broker connections (pool.c). */
+struct rules_pool {
+	int enabled;
+	long max_connections; /* broker connections per (vhost, user), all workers */
+	long max_channels;    /* channels per broker connection */
+	long idle_s;          /* a connection without clients closes after this */
+	long auth_ttl_s;      /* a password the broker accepted is trusted this long */
+};
 struct rules_vhost {
 	char *vhost;
 	char *file;
@@ -72,6 +80,7 @@ struct rules_vhost {
 	struct rules_idempotency *idempotency;
 	int nidempotency;
 	struct upstream_list upstream; /* n 0: the global list */
+	struct rules_pool pool;
 };
 
 struct rules {
@@ -79,7 +88,7 @@ struct rules {
 	uint64_t generation;
 	struct rules_vhost *v;
 	int n;
-	int any_upstream;   /* a vhost names brokers of its own: the proxy greets clients */
+	int greets; /* a vhost names brokers of its own or pools: the proxy greets clients */
 	int any_postgresql; /* a rule keeps its keys in PostgreSQL */
 };
 
@@ -91,6 +100,8 @@ struct rules *rules_load(const char *dir, FILE *err, int *nerrors);
 /* Whether the setting postgres_url is set: a rule asking for the
  * postgresql store fails the load without it (default: not set). */
 void rules_set_postgresql(int configured);
+/* Whether upstream_proxy_protocol is on: a pool fails the load with it. */
+void rules_set_upstream_proxy(int on);
 void rules_ref(struct rules *r);
 void rules_unref(struct rules *r);
 const struct rules_vhost *rules_vhost(const struct rules *r, const char *vhost);

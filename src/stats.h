@@ -47,6 +47,16 @@
 	  "times a leg paused because the other was full")                                \
 	X(rules_reloads, "acemq_proxy_rules_reloads_total", "",                           \
 	  "rules sets loaded after start")                                                \
+	X(pool_auth_hits, "acemq_proxy_pool_auth_total", "result=\"cached\"",             \
+	  "pooled clients' credentials, trusted from the cache or checked by the broker") \
+	X(pool_auth_misses, "acemq_proxy_pool_auth_total", "result=\"checked\"",          \
+	  "pooled clients' credentials, trusted from the cache or checked by the broker") \
+	X(pool_refused_full, "acemq_proxy_pool_refused_total", "reason=\"full\"",         \
+	  "pooled clients refused, by reason")                                            \
+	X(pool_refused_client_error, "acemq_proxy_pool_refused_total",                    \
+	  "reason=\"client_error\"", "pooled clients refused, by reason")                 \
+	X(pool_refused_locked, "acemq_proxy_pool_refused_total", "reason=\"locked\"",     \
+	  "pooled clients refused, by reason")                                            \
 	X(reply_to_header_added, "acemq_proxy_reply_to_total", "change=\"header_added\"", \
 	  "reply addresses normalised, by change")                                        \
 	X(reply_to_property_set, "acemq_proxy_reply_to_total", "change=\"property_set\"", \

@@ -42,14 +42,40 @@ struct transport {
 	uint64_t bytes_in, bytes_out;
 	SSL *ssl;          /* NULL: plain TCP */
 	char tls_err[160]; /* why the TLS session failed */
+	/* A pipe (no socket): its peer is code in this process. */
+	const struct transport_pipe_ops *pipe;
+	void *pipe_arg;
+	int pipe_end; /* the peer ended it: TRANSPORT_EOF or _ERROR */
+	int pipe_end_err;
+	unsigned pipe_gave : 1; /* input was handed over after the end */
 };
 
 static void transport_ready(struct transport *t);
 static void transport_write(struct transport *t);
 
+/* A pipe whose peer has gone: what the owner writes is dropped. */
+static void transport_pipe_drop(void *arg)
+{
+	struct transport *t = arg;
+
+	evbuffer_drain(t->out, evbuffer_get_length(t->out));
+}
+
+static const struct transport_pipe_ops transport_pipe_orphan = {
+    .output = transport_pipe_drop,
+};
+
 static void transport_arm_read(struct transport *t)
 {
 	int want = (t->reading || t->handshaking) && !t->full && !t->connecting && !t->dead;
+
+	if (t->pipe) {
+		/* Nothing to watch: the read event runs when there is input
+		 * or an end to report. */
+		if ((want && evbuffer_get_length(t->in)) || (t->pipe_end && !t->dead))
+			event_active(t->rev, EV_READ, 1);
+		return;
+	}
 
 	if (want)
 		event_add(t->rev, t->timeout_set ? &t->read_timeout : NULL);
@@ -257,9 +283,36 @@ static void transport_read(struct transport *t)
 	/* An end after data is seen on the next wake-up, which reads 0. */
 }
 
+/* A pipe's input (added by its peer) goes to the owner; its end is
+ * reported after the input that came before it was offered once. */
+static void transport_read_pipe(struct transport *t)
+{
+	size_t len = evbuffer_get_length(t->in);
+
+	if (t->dead)
+		return;
+	if (len && t->reading && !t->full && !(t->pipe_end && t->pipe_gave)) {
+		if (t->read_high && len >= t->read_high)
+			t->full = 1;
+		if (t->pipe_end) {
+			t->pipe_gave = 1;
+			event_active(t->rev, EV_READ, 1);
+		}
+		t->read_cb(t, t->arg); /* may free t */
+		return;
+	}
+	if (t->pipe_end)
+		transport_fail(t, t->pipe_end, t->pipe_end_err);
+}
+
 static void transport_read_ev(evutil_socket_t fd, short what, void *arg)
 {
 	struct transport *t = arg;
+
+	if (t->pipe) {
+		transport_read_pipe(t);
+		return;
+	}
 
 	if (what & EV_TIMEOUT) {
 		if (t->event_cb)
@@ -403,6 +456,21 @@ static void transport_write_ev(evutil_socket_t fd, short what, void *arg)
 	t->write_queued = 0;
 	if (t->dead)
 		return;
+	if (t->pipe) {
+		size_t before = evbuffer_get_length(t->out);
+
+		if (t->connecting) {
+			transport_connect_done(t, 0); /* may free t */
+			return;
+		}
+		if (before == 0)
+			return;
+		t->pipe->output(t->pipe_arg); /* takes what its peer can */
+		if (evbuffer_get_length(t->out) <= t->write_low && before > t->write_low &&
+		    t->drained_cb)
+			t->drained_cb(t, t->arg); /* may free t */
+		return;
+	}
 	if (t->connecting) {
 		transport_connected(t);
 		return;
@@ -511,6 +579,8 @@ void transport_free(struct transport *t)
 {
 	if (t == NULL)
 		return;
+	if (t->pipe && t->pipe->gone)
+		t->pipe->gone(t->pipe_arg);
 	if (t->ssl) {
 		/* A close_notify if the socket takes it now; never waits. */
 		if (!t->dead && !t->handshaking)
@@ -618,5 +688,65 @@ void transport_input_consumed(struct transport *t)
 	if (t->full && (!t->read_high || evbuffer_get_length(t->in) < t->read_high)) {
 		t->full = 0;
 		transport_arm_read(t);
+		if (t->pipe && t->pipe->consumed)
+			t->pipe->consumed(t->pipe_arg);
 	}
+}
+
+/* ---- pipes -------------------------------------------------------------- */
+
+struct transport *transport_pipe(struct event_base *base, const struct transport_pipe_ops *ops,
+				 void *arg)
+{
+	struct transport *t = transport_make(base, -1);
+
+	if (t == NULL)
+		return NULL;
+	t->pipe = ops;
+	t->pipe_arg = arg;
+	/* Connected at once, reported later in this loop turn. */
+	t->connecting = 1;
+	t->write_queued = 1;
+	event_active(t->wev, EV_WRITE, 1);
+	return t;
+}
+
+void transport_pipe_fed(struct transport *t)
+{
+	ACEMQ_ASSERT(t->pipe != NULL);
+	if (t->read_high && evbuffer_get_length(t->in) >= t->read_high)
+		t->full = 1;
+	transport_arm_read(t);
+}
+
+int transport_pipe_full(const struct transport *t)
+{
+	return t->read_high && evbuffer_get_length(t->in) >= t->read_high;
+}
+
+void transport_pipe_kick(struct transport *t)
+{
+	ACEMQ_ASSERT(t->pipe != NULL);
+	if (!t->write_queued && !t->dead && evbuffer_get_length(t->out)) {
+		t->write_queued = 1;
+		event_active(t->wev, EV_WRITE, 1);
+	}
+}
+
+void transport_pipe_end(struct transport *t, int what, int err)
+{
+	ACEMQ_ASSERT(t->pipe != NULL);
+	if (t->pipe_end || t->dead)
+		return;
+	t->pipe_end = what;
+	t->pipe_end_err = err;
+	t->pipe = &transport_pipe_orphan;
+	t->pipe_arg = t;
+	event_active(t->rev, EV_READ, 1);
+}
+
+void transport_pipe_count(struct transport *t, uint64_t in, uint64_t out)
+{
+	t->bytes_in += in;
+	t->bytes_out += out;
 }

@@ -66,4 +66,32 @@ void transport_set_read_timeout(struct transport *t, long ms);
 /* The input was consumed: resume reading if it had reached the high mark. */
 void transport_input_consumed(struct transport *t);
 
+/* ---- pipes: a transport with no socket, whose peer is code in this
+ * process (a pooled broker connection). The owner uses it as any other
+ * transport; the peer reads its output and writes its input. */
+struct transport_pipe_ops {
+	/* Output is waiting (called from the loop, once per turn): take
+	 * what fits; transport_pipe_kick asks again later. */
+	void (*output)(void *arg);
+	/* The owner consumed input after the pipe had been full. */
+	void (*consumed)(void *arg);
+	/* The owner freed the pipe (the last call for arg). */
+	void (*gone)(void *arg);
+};
+/* A pipe, connected at once (TRANSPORT_CONNECTED later in this turn). */
+struct transport *transport_pipe(struct event_base *base, const struct transport_pipe_ops *ops,
+				 void *arg);
+/* The peer added to the input: the owner reads it later in this turn. */
+void transport_pipe_fed(struct transport *t);
+/* The input holds the read high mark or more: the peer should wait. */
+int transport_pipe_full(const struct transport *t);
+/* The peer can take output again. */
+void transport_pipe_kick(struct transport *t);
+/* The peer has gone: the owner reads what is left, then hears the end
+ * (TRANSPORT_EOF, or TRANSPORT_ERROR with err); output is dropped from
+ * here on and the ops are no longer called. */
+void transport_pipe_end(struct transport *t, int what, int err);
+/* Bytes moved through the pipe, for transport_bytes. */
+void transport_pipe_count(struct transport *t, uint64_t in, uint64_t out);
+
 #endif

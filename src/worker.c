@@ -4,6 +4,7 @@
 #include "debug.h"
 #include "limits.h"
 #include "log.h"
+#include "pool.h"
 #include "rules.h"
 #include "session.h"
 
@@ -144,6 +145,7 @@ static void *worker_main(void *arg)
 	event_base_loop(w->base, EVLOOP_NO_EXIT_ON_EMPTY);
 	/* What the last turn deferred (the writes of sessions that went). */
 	worker_turn_end_cb(-1, 0, w);
+	pool_worker_fini(); /* its pooled broker connections */
 	worker_self = NULL;
 	return NULL;
 }

@@ -195,7 +195,7 @@ START_TEST(asks_each_broker)
 	for (i = 0; i < 3; i++)
 		lst[i] = broker();
 	memset(&r, 0, sizeof(r));
-	r.any_upstream = 1;
+	r.greets = 1;
 	ck_assert_int_eq(probe_init(base, 300, 1000), 0);
 	probe_rules(&r);
 	/* Asked for the first time: a new client waits. */

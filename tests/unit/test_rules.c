@@ -609,7 +609,7 @@ START_TEST(upstream_lists)
 	put("c.json", "{\"vhost\": \"c\"}");
 	r = load(&n);
 	ck_assert_msg(r != NULL, "%s", errbuf);
-	ck_assert_int_eq(r->any_upstream, 1);
+	ck_assert_int_eq(r->greets, 1);
 	a = rules_vhost(r, "a");
 	b = rules_vhost(r, "b");
 	c = rules_vhost(r, "c");
@@ -635,7 +635,7 @@ START_TEST(upstream_lists)
 	put("c.json", "{\"vhost\": \"c\"}");
 	r = load(&n);
 	ck_assert_ptr_nonnull(r);
-	ck_assert_int_eq(r->any_upstream, 0);
+	ck_assert_int_eq(r->greets, 0);
 	rules_unref(r);
 	refused("{\"vhost\": \"v\", \"upstream\": []}", "upstream",
 		"must be a non-empty array");

@@ -1,0 +1,163 @@
+/* pool_int: what pool.c, pool_conn.c and pool_mux.c share. */
+#ifndef ACEMQ_POOL_INT_H
+#define ACEMQ_POOL_INT_H
+
+#include "list.h"
+#include "rules.h"
+#include "upstream.h"
+
+#include <amqp.h>
+#include <stdint.h>
+#include <time.h>
+
+struct transport;
+struct event;
+struct evbuffer;
+struct worker;
+
+#define POOL_HASH_LEN 32
+
+enum pool_slot_state {
+	SLOT_FREE,
+	SLOT_OPENING, /* channel.open sent for a client */
+	SLOT_OPEN,
+	SLOT_ORPHAN, /* its client went or gave it up: closing at the broker */
+};
+
+/* One broker channel (M) of a connection. */
+struct pool_slot {
+	struct pool_att *att; /* NULL unless OPENING or OPEN */
+	uint16_t n;           /* the client's number for it */
+	uint8_t state;
+	uint8_t exclusive_pending; /* a queue.declare exclusive is out on it */
+	uint8_t closing;           /* POOL_CLOSING_*: a channel.close is out */
+	uint64_t content_left;     /* body bytes of a publish still to come */
+};
+
+#define POOL_CLOSING_CLIENT 1 /* sent to the broker: its close-ok frees it */
+#define POOL_CLOSING_BROKER 2 /* from the broker: it waits for the close-ok */
+
+enum pool_conn_phase {
+	CONN_CONNECTING,
+	CONN_START,   /* header sent: waiting for connection.start */
+	CONN_CREDS,   /* start kept: waiting for a client's start-ok */
+	CONN_TUNE,    /* start-ok sent */
+	CONN_OPENING, /* tune-ok and open sent */
+	CONN_READY,
+	CONN_CLOSING, /* connection.close sent, or the broker's answered */
+};
+
+struct pool_conn {
+	uint64_t id;
+	struct pool *pool;
+	struct list node; /* in pool->conns */
+	struct transport *tr;
+	enum pool_conn_phase phase;
+	struct pool_att *auth; /* whose credentials open it */
+	uint8_t *start;        /* the broker's connection.start frame, replayed to clients */
+	size_t start_len;
+	uint32_t frame_max;
+	uint16_t heartbeat;
+	uint16_t nslots; /* channel numbers 1..nslots-1 */
+	struct pool_slot *slots;
+	unsigned used; /* slots not FREE */
+	uint16_t hint; /* where to look for a free slot */
+	struct list atts;
+	unsigned natts;
+	unsigned nfull;              /* attachments whose input is full: broker reads stop */
+	struct event *timer;         /* heartbeats, idle close, clients' heartbeats */
+	time_t idle_since;           /* no attachment since (0: has some) */
+	time_t last_out;             /* a frame was written to the broker */
+	int at;                      /* the upstream address */
+	unsigned tried;              /* addresses tried (a bit each) */
+	unsigned check_only : 1;     /* over the bound: closes once the credentials pass */
+	unsigned counted : 1;        /* counted in its key's connections */
+	struct list exclusive;       /* struct pool_queue: exclusive queues, owner att */
+	uint8_t hash[POOL_HASH_LEN]; /* the credentials it was opened with */
+};
+
+enum pool_att_phase {
+	ATT_START,   /* waiting for a connection.start to show */
+	ATT_STARTOK, /* start shown: waiting for the client's start-ok */
+	ATT_AUTH,    /* its credentials are with a connection opening */
+	ATT_WAIT,    /* credentials good; every connection is full */
+	ATT_TUNE,    /* tune shown: waiting for tune-ok and open */
+	ATT_OPEN,
+	ATT_CLOSING, /* a connection.close was shown: frames dropped */
+};
+
+/* A client session's end of the pool: the peer of its broker leg. */
+struct pool_att {
+	uint64_t session_id;
+	struct pool *pool;
+	struct pool_conn *conn; /* bound (ATT_TUNE on), or authenticating */
+	struct transport *tr;   /* the session's broker leg (a pipe) */
+	struct list node;       /* in conn->atts or pool->waiting */
+	enum pool_att_phase phase;
+	uint16_t *map;    /* client channel N -> broker channel M (0: none) */
+	uint8_t *refused; /* per N: closed by the pool, awaiting the client's close-ok */
+	uint32_t nmap;
+	uint8_t hash[POOL_HASH_LEN];
+	struct evbuffer *startok; /* the client's start-ok frame */
+	uint16_t heartbeat;       /* the client's */
+	time_t last_in;           /* a frame was given to the client */
+	time_t wait_until;
+	unsigned caps_blocked : 1; /* the client takes connection.blocked */
+	unsigned full : 1;         /* counted in conn->nfull */
+	struct list exclusive;     /* struct pool_queue it declared */
+};
+
+/* An exclusive queue a client declared on a pooled connection. */
+struct pool_queue {
+	struct list node;      /* in the att's list */
+	struct list conn_node; /* in the conn's list */
+	struct pool_att *owner;
+	char name[256];
+};
+
+/* Per worker, per (vhost, user). */
+struct pool {
+	struct worker *w;
+	char vhost[128], user[128];
+	struct rules_pool cfg;
+	struct upstream_list upstreams;
+	struct list conns, waiting;
+	struct list node;
+	struct event *wait_timer;
+	struct pool_key *key;
+};
+
+/* pool.c */
+void pool_show_start(struct pool_att *a, const struct pool_conn *c);
+void pool_credentials_in(struct pool_att *a);
+void pool_conn_opened(struct pool_conn *c);
+void pool_conn_refused(struct pool_conn *c, const uint8_t *frame, size_t len);
+void pool_conn_gone(struct pool_conn *c);
+void pool_bind(struct pool_att *a, struct pool_conn *c);
+void pool_att_close(struct pool_att *a, uint16_t code, const char *text);
+void pool_feed(struct pool_att *a);
+int pool_key_trust(struct pool *p, const uint8_t *hash);
+void pool_key_count(struct pool *p, int delta);
+int pool_key_room(struct pool *p);
+void pool_channels_add(int delta);
+void pool_retry_waiting(struct pool *p);
+extern const struct transport_pipe_ops pool_pipe_ops;
+
+/* pool_conn.c */
+struct pool_conn *pool_conn_new(struct pool *p, struct pool_att *auth, int check);
+void pool_conn_free_slot(struct pool_conn *c, uint16_t m);
+void pool_conn_close(struct pool_conn *c, const char *why);
+void pool_conn_give_creds(struct pool_conn *c, struct pool_att *a);
+int pool_conn_slot(struct pool_conn *c, struct pool_att *a, uint16_t n);
+void pool_conn_orphan(struct pool_conn *c, uint16_t m);
+void pool_conn_kick(struct pool_conn *c);
+struct evbuffer *pool_conn_out(struct pool_conn *c);
+int pool_conn_room(const struct pool_conn *c);
+
+/* pool_mux.c */
+void pool_mux_output(void *arg);
+void pool_mux_leave(struct pool_att *a);
+struct pool_queue *pool_mux_locked(struct pool_conn *c, const struct pool_att *a,
+				   const char *name, size_t len);
+
+#endif
