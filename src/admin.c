@@ -6,6 +6,7 @@
 #include "engine.h"
 #include "http.h"
 #include "log.h"
+#include "pool.h"
 #include "rules.h"
 #include "session.h"
 #include "stats.h"
@@ -329,11 +330,16 @@ static unsigned long admin_sum(struct stats *sum)
 static void admin_stats(struct http_request *req, void *arg)
 {
 	struct evbuffer *out = evbuffer_new();
+	struct pool_gauges pg;
 	struct stats sum;
 	unsigned long open;
 
 	open = admin_sum(&sum);
-	evbuffer_add_printf(out, "{\n  \"connections_open\": %lu", open);
+	pool_gauges(&pg);
+	evbuffer_add_printf(out,
+			    "{\n  \"connections_open\": %lu,\n  \"pool_connections\": %lu,\n  "
+			    "\"pool_channels\": %lu,\n  \"pool_waiting\": %lu",
+			    open, pg.connections, pg.channels, pg.waiting);
 	if (admin_state) {
 		struct state_counters c;
 
@@ -396,6 +402,26 @@ static void admin_msg_time(struct evbuffer *out)
 	    (double)sum / 1e6, (unsigned long long)count);
 }
 
+/* The pools' gauges (connection pooling, pool.c). */
+static void admin_pool_metrics(struct evbuffer *out)
+{
+	struct pool_gauges g;
+
+	pool_gauges(&g);
+	evbuffer_add_printf(
+	    out,
+	    "# HELP acemq_proxy_pool_connections pooled broker connections open now\n"
+	    "# TYPE acemq_proxy_pool_connections gauge\n"
+	    "acemq_proxy_pool_connections %lu\n"
+	    "# HELP acemq_proxy_pool_channels broker channels in use on pooled connections\n"
+	    "# TYPE acemq_proxy_pool_channels gauge\n"
+	    "acemq_proxy_pool_channels %lu\n"
+	    "# HELP acemq_proxy_pool_clients_waiting pooled clients waiting for room\n"
+	    "# TYPE acemq_proxy_pool_clients_waiting gauge\n"
+	    "acemq_proxy_pool_clients_waiting %lu\n",
+	    g.connections, g.channels, g.waiting);
+}
+
 /* GET /metrics: the counters in Prometheus' text format. */
 static void admin_metrics(struct http_request *req, void *arg)
 {
@@ -410,6 +436,7 @@ static void admin_metrics(struct http_request *req, void *arg)
 			    "# TYPE acemq_proxy_connections_open gauge\n"
 			    "acemq_proxy_connections_open %lu\n",
 			    open);
+	admin_pool_metrics(out);
 	if (admin_state) {
 		struct state_counters c;
 

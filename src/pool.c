@@ -209,7 +209,7 @@ int pool_dial(struct session *s, const struct rules_vhost *v)
 		free(a);
 		return -1;
 	}
-	a->session_id = s->id;
+	a->s = s;
 	a->pool = p;
 	a->phase = ATT_START;
 	list_init(&a->exclusive);
@@ -224,7 +224,8 @@ int pool_dial(struct session *s, const struct rules_vhost *v)
 	session_leg_setup(s, &s->upstream, a->tr, DIR_TO_CLIENT);
 	transport_read_enable(a->tr);
 	session_set_state(s, SESSION_CONNECTING);
-	s->upstream_at = -1;
+	/* Named in its log lines until bound: the pool's first address. */
+	s->upstream_at = upstream_pick(p->upstreams.n ? &p->upstreams : NULL, 0);
 	/* A connection.start to show: any connection of the pool that has
 	 * one, else one being opened (which shows it when it comes). */
 	list_for_each_entry (c, &p->conns, node) {
@@ -244,8 +245,11 @@ int pool_dial(struct session *s, const struct rules_vhost *v)
 
 int64_t pool_conn_id(struct transport *tr)
 {
-	(void)tr;
-	return -1;
+	struct pool_att *a = transport_pipe_peer(tr, &pool_pipe_ops);
+
+	if (a == NULL)
+		return -1;
+	return a->conn && a->phase >= ATT_TUNE ? (int64_t)a->conn->id : 0;
 }
 
 /* Frames for the client: its session reads them later in this turn. */
@@ -283,16 +287,12 @@ void pool_att_close(struct pool_att *a, uint16_t code, const char *text)
 }
 
 /* The least loaded ready connection with room for a client, or NULL. */
-static struct pool_conn *pool_pick(struct pool *p, const uint8_t *hash)
+static struct pool_conn *pool_pick(struct pool *p)
 {
 	struct pool_conn *c, *best = NULL;
 
 	list_for_each_entry (c, &p->conns, node) {
 		if (c->phase != CONN_READY || c->check_only || !pool_conn_room(c))
-			continue;
-		/* Opened with other credentials than the ones trusted now
-		 * (a changed password): not given new clients. */
-		if (CRYPTO_memcmp(c->hash, hash, POOL_HASH_LEN) != 0)
 			continue;
 		if (best == NULL || c->used < best->used)
 			best = c;
@@ -311,6 +311,7 @@ void pool_bind(struct pool_att *a, struct pool_conn *c)
 	c->natts++;
 	c->idle_since = 0;
 	a->conn = c;
+	a->s->upstream_at = c->at;
 	a->phase = ATT_TUNE;
 	method_write(transport_input(a->tr), 0, AMQP_CONNECTION_TUNE_METHOD, &t);
 	pool_feed(a);
@@ -326,7 +327,7 @@ static void pool_wait_cb(evutil_socket_t fd, short what, void *arg)
 static void pool_place(struct pool_att *a)
 {
 	struct pool *p = a->pool;
-	struct pool_conn *c = pool_pick(p, a->hash);
+	struct pool_conn *c = pool_pick(p);
 	struct timeval tv = {0, 100000};
 
 	if (c) {
@@ -375,6 +376,7 @@ void pool_retry_waiting(struct pool *p)
 			list_del(&a->node);
 			list_init(&a->node);
 			a->phase = ATT_STARTOK; /* pool_att_close sets CLOSING */
+			STATS_INC(&p->w->stats, pool_refused_full);
 			pool_att_close(a, REPLY_NOT_ALLOWED,
 				       "NOT_ALLOWED - every pooled broker connection of this "
 				       "vhost and user is full");

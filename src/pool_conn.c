@@ -511,6 +511,16 @@ static void pool_conn_event(struct transport *tr, int what, int err, void *arg)
 		if (pool_conn_dial(c) == 0)
 			return;
 	}
+	if (c->phase == CONN_TUNE && (what & (TRANSPORT_EOF | TRANSPORT_ERROR))) {
+		/* Closed right after the start-ok: how a broker refuses
+		 * credentials to a client that did not announce
+		 * authentication_failure_close. */
+		pool_conn_log(c, LOG_WARNING, "the broker refused the credentials");
+		pool_conn_free(c, REPLY_ACCESS_REFUSED,
+			       "ACCESS_REFUSED - Login was refused using authentication mechanism "
+			       "PLAIN. For details see the broker logfile.");
+		return;
+	}
 	if (c->phase != CONN_CLOSING) {
 		pool_conn_log(c, LOG_WARNING, "broker connection %s",
 			      what & TRANSPORT_TIMEOUT ? "timed out (heartbeats)"

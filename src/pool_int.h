@@ -14,6 +14,7 @@ struct transport;
 struct event;
 struct evbuffer;
 struct worker;
+struct session;
 
 #define POOL_HASH_LEN 32
 
@@ -88,7 +89,7 @@ enum pool_att_phase {
 
 /* A client session's end of the pool: the peer of its broker leg. */
 struct pool_att {
-	uint64_t session_id;
+	struct session *s;      /* its session: it owns the pipe, so it outlives a */
 	struct pool *pool;
 	struct pool_conn *conn; /* bound (ATT_TUNE on), or authenticating */
 	struct transport *tr;   /* the session's broker leg (a pipe) */

@@ -15,6 +15,7 @@
 #include "host.h"
 #include "limits.h"
 #include "log.h"
+#include "pool.h"
 #include "relay.h"
 #include "rules.h"
 #include "tls.h"
@@ -645,6 +646,7 @@ void session_describe(struct session *s, struct evbuffer *out)
 	static const char *const states[] = {"header",  "connecting", "handshake", "open",
 					     "closing", "flushing",   "gone"};
 	uint64_t cin = 0, cout = 0, bin = 0, bout = 0;
+	int64_t pooled;
 
 	if (s->client.tr)
 		transport_bytes(s->client.tr, &cin, &cout);
@@ -656,13 +658,19 @@ void session_describe(struct session *s, struct evbuffer *out)
 	session_json_string(out, s->vhost);
 	evbuffer_add_printf(out, ", \"user\": ");
 	session_json_string(out, s->user);
+	/* A pooled client: the pooled broker connection it rides on (0
+	 * while it waits for one). */
+	pooled = s->upstream.tr ? pool_conn_id(s->upstream.tr) : -1;
+	if (pooled >= 0)
+		evbuffer_add_printf(out, ", \"pool_connection\": %lld", (long long)pooled);
 	evbuffer_add_printf(out,
 			    ", \"state\": \"%s\", \"channels\": %u, \"broker\": \"%s\", "
 			    "\"bytes_from_client\": %llu, \"bytes_to_client\": %llu, "
 			    "\"bytes_to_broker\": %llu, \"bytes_from_broker\": %llu, "
 			    "\"age_s\": %lld, \"worker\": %d}",
 			    states[s->state], s->nopen,
-			    s->upstream.tr ? upstream_node(s->upstream_at)->name : "",
+			    s->upstream.tr && s->upstream_at >= 0 ? upstream_node(s->upstream_at)->name
+								  : "",
 			    (unsigned long long)cin, (unsigned long long)cout,
 			    (unsigned long long)bout, (unsigned long long)bin,
 			    (long long)(time(NULL) - s->opened), s->w->index);

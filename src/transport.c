@@ -745,6 +745,11 @@ void transport_pipe_end(struct transport *t, int what, int err)
 	event_active(t->rev, EV_READ, 1);
 }
 
+void *transport_pipe_peer(const struct transport *t, const struct transport_pipe_ops *ops)
+{
+	return t->pipe == ops ? t->pipe_arg : NULL;
+}
+
 void transport_pipe_count(struct transport *t, uint64_t in, uint64_t out)
 {
 	t->bytes_in += in;

@@ -91,6 +91,8 @@ void transport_pipe_kick(struct transport *t);
  * (TRANSPORT_EOF, or TRANSPORT_ERROR with err); output is dropped from
  * here on and the ops are no longer called. */
 void transport_pipe_end(struct transport *t, int what, int err);
+/* The peer's arg when t is a pipe with these ops, else NULL. */
+void *transport_pipe_peer(const struct transport *t, const struct transport_pipe_ops *ops);
 /* Bytes moved through the pipe, for transport_bytes. */
 void transport_pipe_count(struct transport *t, uint64_t in, uint64_t out);
 
