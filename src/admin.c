@@ -2,6 +2,7 @@
  * project's own bounded HTTP server (http.c). */
 #include "admin.h"
 
+#include "admin_schedule.h"
 #include "config.h"
 #include "engine.h"
 #include "http.h"
@@ -631,6 +632,7 @@ static const struct http_route admin_routes[] = {
     {"/reload", HTTP_POST, 0, 0, admin_reload, NULL},
     {"/connections", HTTP_GET, 0, 0, admin_connections, NULL},
     {"/claims/", HTTP_GET, 0, 0, admin_claims, NULL},
+    {"/schedule/", HTTP_GET | HTTP_DELETE, 0, 0, admin_schedule, &admin_rules_cb},
 };
 
 int admin_open(struct event_base *base, const char *addr, const struct config *cfg,
