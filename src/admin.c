@@ -2,6 +2,8 @@
  * project's own bounded HTTP server (http.c). */
 #include "admin.h"
 
+#include "admin_schedule.h"
+#include "build_config.h"
 #include "config.h"
 #include "engine.h"
 #include "http.h"
@@ -42,6 +44,11 @@ static admin_rules_fn admin_rules_cb;
 static int admin_token_set;
 static unsigned char admin_token_hash[ADMIN_HASH_LEN];
 static struct state *admin_state;
+static time_t admin_started;
+
+/* The status page (src/status.html, made a C array of its lines at build
+ * time: status_html.c). */
+extern const char *const status_html[];
 
 void admin_set_state(struct state *st)
 {
@@ -327,6 +334,22 @@ static unsigned long admin_sum(struct stats *sum)
 	return open;
 }
 
+/* The broker addresses and whether each is marked down now. */
+static void admin_upstreams(struct evbuffer *out)
+{
+	int i, nglobal, n = upstream_count(&nglobal);
+
+	evbuffer_add_printf(out, ",\n  \"upstreams\": [");
+	for (i = 0; i < n; i++) {
+		evbuffer_add_printf(out, "%s{\"address\": ", i ? ", " : "");
+		admin_json_str(out, upstream_node(i)->name);
+		evbuffer_add_printf(out, ", \"global\": %s, \"down\": %s}",
+				    i < nglobal ? "true" : "false",
+				    upstream_down(i) ? "true" : "false");
+	}
+	evbuffer_add_printf(out, "]");
+}
+
 static void admin_stats(struct http_request *req, void *arg)
 {
 	struct evbuffer *out = evbuffer_new();
@@ -337,9 +360,12 @@ static void admin_stats(struct http_request *req, void *arg)
 	open = admin_sum(&sum);
 	pool_gauges(&pg);
 	evbuffer_add_printf(out,
-			    "{\n  \"connections_open\": %lu,\n  \"pool_connections\": %lu,\n  "
+			    "{\n  \"version\": \"%s\",\n  \"uptime_s\": %lld,\n  \"workers\": "
+			    "%d,\n  \"connections_open\": %lu,\n  \"pool_connections\": %lu,\n  "
 			    "\"pool_channels\": %lu,\n  \"pool_waiting\": %lu",
-			    open, pg.connections, pg.channels, pg.waiting);
+			    PACKAGE_VERSION, (long long)(time(NULL) - admin_started),
+			    admin_nworkers, open, pg.connections, pg.channels, pg.waiting);
+	admin_upstreams(out);
 	if (admin_state) {
 		struct state_counters c;
 
@@ -577,6 +603,23 @@ static void admin_rules(struct http_request *req, void *arg)
 	evbuffer_free(out);
 }
 
+/* GET /: the status page. It holds nothing but code: what it shows it
+ * reads from the routes below, with the token the reader types in. */
+static void admin_status_page(struct http_request *req, void *arg)
+{
+	struct evbuffer *out = evbuffer_new();
+	int i;
+
+	for (i = 0; status_html[i]; i++)
+		evbuffer_add(out, status_html[i], strlen(status_html[i]));
+	http_reply_header(req, "Cache-Control", "no-store");
+	http_reply_header(req, "Content-Security-Policy",
+			  "default-src 'none'; script-src 'unsafe-inline'; style-src "
+			  "'unsafe-inline'; connect-src 'self'; img-src data:");
+	http_reply(req, 200, "text/html; charset=utf-8", out);
+	evbuffer_free(out);
+}
+
 static void admin_health(struct http_request *req, void *arg)
 {
 	struct evbuffer *out = evbuffer_new();
@@ -645,7 +688,8 @@ int admin_check(const char *addr, const char *token, char *err, size_t errlen)
 	return 0;
 }
 
-/* GET serves HEAD too; only the health checks are open without a token;
+/* GET serves HEAD too; only the health checks and the status page (which
+ * asks for the token itself) are open without a token;
  * a route that takes a body says how large. */
 static const struct http_route admin_routes[] = {
     {"/stats", HTTP_GET, 0, 0, admin_stats, NULL},
@@ -658,6 +702,8 @@ static const struct http_route admin_routes[] = {
     {"/reload", HTTP_POST, 0, 0, admin_reload, NULL},
     {"/connections", HTTP_GET, 0, 0, admin_connections, NULL},
     {"/claims/", HTTP_GET, 0, 0, admin_claims, NULL},
+    {"/schedule/", HTTP_GET | HTTP_DELETE, 0, 0, admin_schedule, &admin_rules_cb},
+    {"/", HTTP_GET, 0, 1, admin_status_page, NULL},
 };
 
 int admin_open(struct event_base *base, const char *addr, const struct config *cfg,
@@ -672,6 +718,7 @@ int admin_open(struct event_base *base, const char *addr, const struct config *c
 	int port;
 
 	admin_cfg = cfg;
+	admin_started = time(NULL);
 	admin_workers = workers;
 	admin_nworkers = nworkers;
 	admin_reload_cb = reload;

@@ -83,6 +83,9 @@
 	  "threads for store reads and filesystem writes")                                   \
 	X(PURGE_INTERVAL_S, "purge_interval_s", CFG_INT, "3600", 0, 86400,                   \
 	  "how often claim payloads past their retention are removed (0: never)")            \
+	X(SCHEDULE_RECORD_MARGIN_S, "schedule_record_margin_s", CFG_INT, "86400", 0,         \
+	  31536000, "how long past its due time a delayed message's record is kept "         \
+	  "while the message is not delivered")                                              \
 	X(S3_ENDPOINT, "s3_endpoint", CFG_STR, "", 0, 0,                                     \
 	  "S3 claim stores: scheme://host[:port] (empty: https://s3.REGION.amazonaws.com)")  \
 	X(S3_REGION, "s3_region", CFG_STR, "us-east-1", 0, 0,                                \

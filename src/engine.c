@@ -333,7 +333,8 @@ static void engine_link_init(struct engine *e)
 
 static int engine_run(struct engine *e, struct engine_req *r)
 {
-	struct engine_publish pub = {r->exchange, r->routing_key, &r->props, r->body, 0, 0, 0};
+	struct engine_publish pub = {
+	    r->exchange, r->routing_key, &r->props, r->body, 0, 0, 0, 0};
 	struct engine_pending *p;
 
 	if (r->op == ENGINE_DECLARE) {

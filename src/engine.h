@@ -111,12 +111,14 @@ struct engine_publish {
 	uint64_t input; /* the consumed message it settles, or 0 */
 	int kind;       /* the client's own, kept with it */
 	int64_t data;   /* likewise */
+	uint64_t data2; /* likewise */
 };
 
 /* Such a publish while it is out, until its confirm. */
 struct engine_sent {
 	int kind;
 	int64_t data;
+	uint64_t data2;
 	uint64_t input; /* a returned callback that hands the input on to a
 			 * publish of its own sets this 0 */
 	amqp_bytes_t exchange, routing_key;

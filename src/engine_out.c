@@ -30,6 +30,7 @@ struct engine_pending *engine_out_send(struct engine *e, struct engine_req *req,
 	p->req = req;
 	p->sent.kind = pub->kind;
 	p->sent.data = pub->data;
+	p->sent.data2 = pub->data2;
 	p->sent.input = pub->input;
 	p->seq = ++e->next_seq;
 	if (e->pend == NULL)

@@ -460,7 +460,7 @@ static const struct http_route *http_route_find(const struct http_server *srv, c
 		const char *rp = srv->routes[i].path;
 		size_t n = strlen(rp);
 
-		if (n > 0 && rp[n - 1] == '/' ? strncmp(path, rp, n) == 0
+		if (n > 1 && rp[n - 1] == '/' ? strncmp(path, rp, n) == 0
 					      : strcmp(path, rp) == 0)
 			return &srv->routes[i];
 	}

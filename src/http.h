@@ -38,7 +38,8 @@ enum http_method {
 typedef void (*http_handler_fn)(struct http_request *req, void *arg);
 
 struct http_route {
-	const char *path; /* the exact path, or a prefix when it ends with '/' */
+	const char
+	    *path; /* the exact path, or a prefix when it ends with '/' ("/" alone: exact) */
 	unsigned methods; /* HTTP_GET | ...; GET allows HEAD too */
 	size_t max_body;  /* request body bytes the route takes (0: none) */
 	int open;         /* 1: no authorization asked (health checks) */

@@ -4,6 +4,7 @@
 #include "log.h"
 #include "rules.h"
 #include "store/claims.h"
+#include "store/delayed.h"
 #include "store/idem.h"
 #include "store/pgstore.h"
 #include "store/state.h"
@@ -66,6 +67,13 @@ static void janitor_purge(const struct rules *r, int orphans)
 			if (n > 0)
 				log_info("janitor: vhost %s: %ld idempotency record%s past "
 					 "their time removed",
+					 v->vhost, n, janitor_s(n));
+		}
+		if (v->schedule.enabled && janitor_state && !orphans) {
+			n = delayed_purge(v->vhost, (int64_t)state_now_ms());
+			if (n > 0)
+				log_info("janitor: vhost %s: %ld delayed-message record%s past "
+					 "their due time removed",
 					 v->vhost, n, janitor_s(n));
 		}
 		if (v->dedup_publish.enabled && janitor_state && !orphans) {

@@ -13,6 +13,7 @@
 #include "probe.h"
 #include "rules.h"
 #include "store/claims.h"
+#include "store/delayed.h"
 #include "store/idem.h"
 #include "store/pgstore.h"
 #include "store/s3.h"
@@ -258,6 +259,8 @@ int main(int argc, char **argv)
 		claims_init(state);
 		idempotency_init(state);
 		dedup_publish_init(state);
+		delayed_init(state,
+			     (int64_t)config_num(&cfg, CFG_SCHEDULE_RECORD_MARGIN_S) * 1000);
 	}
 	s3_configure_from(&cfg);
 	if (config_str(&cfg, CFG_POSTGRES_URL)[0]) {

@@ -168,6 +168,19 @@ int upstream_any_up(void)
 	return 0;
 }
 
+int upstream_count(int *nglobal)
+{
+	if (nglobal)
+		*nglobal = upstream_nglobal;
+	return atomic_load(&upstream_n);
+}
+
+int upstream_down(int i)
+{
+	return i >= 0 && i < atomic_load(&upstream_n) &&
+	       atomic_load(&upstream_down_until[i]) > upstream_now_ms();
+}
+
 void upstream_ok(int i)
 {
 	if (i >= 0 && i < atomic_load(&upstream_n) &&

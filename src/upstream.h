@@ -46,5 +46,9 @@ void upstream_failed(int i);
 void upstream_ok(int i);
 /* Whether some address of the global list is not marked down. */
 int upstream_any_up(void);
+/* Addresses in the table (the global list first: nglobal of them), and
+ * whether node i is marked down now (admin views). */
+int upstream_count(int *nglobal);
+int upstream_down(int i);
 
 #endif

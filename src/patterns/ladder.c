@@ -169,6 +169,12 @@ int ladder_readd(amqp_basic_properties_t *p, amqp_pool_t *pool, amqp_bytes_t exc
 	return ladder_add(p, pool, exchange, routing_key, due_at, ct);
 }
 
+int ladder_set_id(amqp_basic_properties_t *p, amqp_pool_t *pool, amqp_bytes_t id)
+{
+	ladder_headers(p);
+	return table_set_string(&p->headers, pool, LADDER_H_ID, id);
+}
+
 void ladder_plan(const amqp_basic_properties_t *p, int64_t now_ms, struct ladder_plan *plan)
 {
 	const amqp_table_t *t = &p->headers;
@@ -185,6 +191,8 @@ void ladder_plan(const amqp_basic_properties_t *p, int64_t now_ms, struct ladder
 	i = table_find(t, LADDER_H_DUE_AT);
 	if (i < 0 || ladder_int(&t->entries[i].value, &plan->due_at) != 0)
 		return;
+	if (table_get_string(t, LADDER_H_ID, &plan->id) != 0)
+		plan->id.len = 0;
 	if (plan->due_at <= now_ms) {
 		plan->action = LADDER_DELIVER;
 		return;
@@ -260,6 +268,7 @@ int ladder_final(amqp_basic_properties_t *p, amqp_pool_t *pool)
 	table_remove(&p->headers, LADDER_H_ROUTING);
 	table_remove(&p->headers, LADDER_H_DUE_AT);
 	table_remove(&p->headers, LADDER_H_CONTENT);
+	table_remove(&p->headers, LADDER_H_ID);
 	ladder_forget_deaths(&p->headers);
 	return 0;
 }

@@ -14,7 +14,10 @@
 #define LADDER_H_ROUTING  "x-schedule-routing-key"
 #define LADDER_H_DUE_AT   "x-schedule-due-at"
 #define LADDER_H_CONTENT  "x-schedule-content-type"
-#define LADDER_RUNGS      5
+/* The proxy's own: the key of the message's record (store/delayed.h), by
+ * which it is listed and cancelled. Optional; removed on delivery. */
+#define LADDER_H_ID  "x-schedule-id"
+#define LADDER_RUNGS 5
 
 struct ladder_rung {
 	const char *queue;
@@ -57,13 +60,18 @@ struct ladder_plan {
 	amqp_bytes_t exchange, routing_key; /* DELIVER: the target (into p's storage) */
 	int64_t due_at;
 	const struct ladder_rung *rung; /* HOP */
+	amqp_bytes_t id;                /* LADDER_H_ID (len 0: none), into p's storage */
 };
 
 /* Decide what the scheduler does with a message taken from the control
  * queue at now_ms. */
 void ladder_plan(const amqp_basic_properties_t *p, int64_t now_ms, struct ladder_plan *plan);
 
+/* Set LADDER_H_ID (headers made if there were none). 0 or -1. */
+int ladder_set_id(amqp_basic_properties_t *p, amqp_pool_t *pool, amqp_bytes_t id);
+
 /* The properties a due message is delivered with: the scheduling headers
+ * (the id too)
  * and the ladder's own dead-letter history removed, the original content
  * type back. Edits p in place (storage from pool). 0 or -1. */
 int ladder_final(amqp_basic_properties_t *p, amqp_pool_t *pool);

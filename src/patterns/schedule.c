@@ -1,5 +1,6 @@
 /* schedule: a publish with a delay header rewritten onto the schedule
- * ladder (the pattern's publish side; its scheduler is scheduler.c). */
+ * ladder, and recorded (store/delayed.h) so that it can be listed and
+ * cancelled: the pattern's publish side; its scheduler is scheduler.c. */
 #include "schedule.h"
 
 #include "../../amqp/table.h"
@@ -7,6 +8,7 @@
 #include "../log.h"
 #include "../pipeline.h"
 #include "../rules.h"
+#include "../store/delayed.h"
 #include "../store/state.h"
 #include "../worker.h"
 #include "ladder.h"
@@ -23,10 +25,13 @@ struct schedule {
 	struct schedule_wait *waits;
 };
 
-/* A rewritten publish waiting for the ladder to be declared. */
+/* A rewritten publish waiting for its record to be written, then for
+ * the ladder to be declared. */
 struct schedule_wait {
 	struct schedule *st; /* NULL once the session went */
 	struct engine_req *req;
+	struct delayed_rec *rec;
+	int rec_rc;
 	struct pipe_msg *m;
 	uint16_t channel;
 	struct schedule_wait *next;
@@ -71,7 +76,7 @@ static void schedule_detach(void *state)
 		pipe_msg_free(w->m);
 		w->m = NULL;
 		w->st = NULL;
-		if (w->req == NULL)
+		if (w->req == NULL && w->rec == NULL)
 			free(w); /* its completion came and could not run */
 	}
 	free(st);
@@ -154,12 +159,93 @@ static void schedule_ladder_done(struct worker_call *c)
 	pipeline_call(w->st->p, rc == ENGINE_OK ? schedule_ladder_in : schedule_refused_in, w);
 }
 
+/* Wait (w, already listed) for the ladder's declaration: 0 asked, -1. */
+static int schedule_wait_ladder(struct schedule *st, struct pipeline *p,
+				struct schedule_wait *w)
+{
+	if ((w->req = engine_req_new(p->w, ENGINE_DECLARE, schedule_ladder_done)) == NULL)
+		return -1;
+	w->req->owner = w;
+	engine_submit(st->engine, w->req);
+	return 0;
+}
+
+/* Without credentials of its own the proxy relies on whoever runs the
+ * scheduler to have declared the ladder (the broker answers 404 if not). */
+static int schedule_ladder_needed(struct schedule *st)
+{
+	return engine_enabled() && !scheduler_ladder_ready(st->engine);
+}
+
+/* The record is written (or could not be: the message goes on, neither
+ * listed nor cancellable); next, the ladder. */
+static void schedule_recorded_in(struct pipeline *p, void *arg)
+{
+	struct schedule_wait *w = arg;
+	struct schedule *st = w->st;
+
+	if (w->rec_rc != STATE_OK)
+		pipeline_log(p, LOG_DEBUG,
+			     "a scheduled publish could not be recorded (%s): it is not "
+			     "listed and cannot be cancelled",
+			     state_strerror(w->rec_rc));
+	if (schedule_ladder_needed(st)) {
+		if (schedule_wait_ladder(st, p, w) == 0)
+			return;
+		schedule_refused_in(p, w);
+		return;
+	}
+	schedule_ladder_in(p, w);
+}
+
+static void schedule_recorded(struct worker_call *c)
+{
+	struct delayed_rec *r = (struct delayed_rec *)c;
+	struct schedule_wait *w = r->owner;
+
+	w->rec_rc = r->w.rc;
+	w->rec = NULL;
+	free(r);
+	if (w->st == NULL) {
+		free(w);
+		return;
+	}
+	pipeline_call(w->st->p, schedule_recorded_in, w);
+}
+
+/* Give the rewritten publish its id and submit its record (w waits). */
+static int schedule_record(struct schedule *st, struct pipeline *p, struct schedule_wait *w,
+			   amqp_bytes_t exchange, amqp_bytes_t routing_key, int64_t due_at)
+{
+	const amqp_basic_properties_t *props = w->m->props;
+	int has_mid = (props->_flags & AMQP_BASIC_MESSAGE_ID_FLAG) != 0;
+	uint8_t key[DELAYED_KEY_LEN];
+	char id[DELAYED_ID_LEN + 1];
+	struct delayed_rec *r;
+
+	delayed_key(key, due_at, delayed_nonce());
+	delayed_id(id, key);
+	if (ladder_set_id(w->m->props, &w->m->pool, amqp_cstring_bytes(id)) != 0 ||
+	    (r = malloc(sizeof(*r))) == NULL)
+		return -1;
+	delayed_rec_prepare(r, p->vhost, key, exchange.bytes, exchange.len, routing_key.bytes,
+			    routing_key.len, has_mid ? props->message_id.bytes : NULL,
+			    has_mid ? props->message_id.len : 0, has_mid, w->m->body_size);
+	r->w.call.fn = schedule_recorded;
+	r->w.w = p->w;
+	r->owner = w;
+	w->rec = r;
+	state_submit(delayed_state(), &r->w);
+	return 0;
+}
+
 static enum pipe_verdict schedule_message(void *state, struct pipeline *p, struct channel *ch,
 					  struct pipe_msg *m)
 {
 	struct schedule *st = state;
 	const struct rules_schedule *rule = schedule_rule(p);
 	amqp_basic_publish_t *pub = m->method;
+	amqp_bytes_t exchange, routing_key;
 	const struct ladder_rung *rung;
 	struct schedule_wait *w;
 	enum ladder_delay d;
@@ -185,30 +271,31 @@ static enum pipe_verdict schedule_message(void *state, struct pipeline *p, struc
 	if (ms > INT64_MAX - now)
 		ms = INT64_MAX - now;
 	rung = ladder_rung_for(ms);
-	if (ladder_rewrite(m->props, &m->pool, pub->exchange, pub->routing_key, rule->header,
-			   now + ms) != 0)
+	exchange = pub->exchange;
+	routing_key = pub->routing_key;
+	if (ladder_rewrite(m->props, &m->pool, exchange, routing_key, rule->header, now + ms) !=
+	    0)
 		return PIPE_REFUSE;
 	pub->exchange = amqp_cstring_bytes(LADDER_EXCHANGE);
 	pub->routing_key = amqp_cstring_bytes(rung->queue);
 	m->method_dirty = 1;
 	m->props_dirty = 1;
 	scheduler_count(st->engine, SCHEDULER_STAT_scheduled);
-	/* Without credentials of its own the proxy relies on whoever runs the
-	 * scheduler to have declared the ladder (the broker answers 404 if not). */
-	if (!engine_enabled() || scheduler_ladder_ready(st->engine))
+	if (delayed_state() == NULL && !schedule_ladder_needed(st))
 		return PIPE_PASS;
-	if ((w = calloc(1, sizeof(*w))) == NULL ||
-	    (w->req = engine_req_new(p->w, ENGINE_DECLARE, schedule_ladder_done)) == NULL) {
-		free(w);
+	if ((w = calloc(1, sizeof(*w))) == NULL)
 		return PIPE_REFUSE;
-	}
 	w->st = st;
 	w->m = m;
 	w->channel = ch->id;
-	w->req->owner = w;
+	/* Waiting for the record (which goes on to the ladder) or the ladder. */
+	if (delayed_state() ? schedule_record(st, p, w, exchange, routing_key, now + ms) != 0
+			    : schedule_wait_ladder(st, p, w) != 0) {
+		free(w);
+		return PIPE_REFUSE;
+	}
 	w->next = st->waits;
 	st->waits = w;
-	engine_submit(st->engine, w->req);
 	return PIPE_WAIT;
 }
 

@@ -7,12 +7,15 @@
  * exchange is there), an unroutable one goes back into the 1 s rung, one
  * without the scheduling headers is dropped and counted. Hops and
  * deliveries are published mandatory and confirmed, and the engine
- * acknowledges the input only after the confirm. The publish side is
- * schedule.c; the contract (names, rungs, headers, the plan) is ladder.c. */
+ * acknowledges the input only after the confirm. A message whose record
+ * (store/delayed.h) was cancelled is dropped when the scheduler sees it;
+ * a delivered one's record is removed. The publish side is schedule.c;
+ * the contract (names, rungs, headers, the plan) is ladder.c. */
 #include "scheduler.h"
 
 #include "../log.h"
 #include "../rules.h"
+#include "../store/delayed.h"
 #include "../store/state.h"
 #include "../vstats.h"
 #include "ladder.h"
@@ -249,16 +252,33 @@ static void scheduler_forbidden(struct scheduler *sc, const struct ladder_plan *
 		    (const char *)plan->routing_key.bytes);
 }
 
+/* The record's key of a planned message: 1, or 0 when it has none (or an
+ * id that does not go with its due time). */
+static int scheduler_record_key(const struct ladder_plan *plan, uint8_t key[DELAYED_KEY_LEN])
+{
+	return plan->action != LADDER_MALFORMED && plan->id.len > 0 &&
+	       delayed_parse_id(plan->id.bytes, plan->id.len, key) == 0 &&
+	       delayed_key_due(key) == plan->due_at;
+}
+
 static int scheduler_message(void *state, uint64_t tag, amqp_message_t *msg)
 {
 	struct scheduler *sc = state;
 	const struct engine_link *l = sc->link;
 	struct engine_publish p = {.props = &msg->properties, .body = msg->body, .input = tag};
+	uint8_t key[DELAYED_KEY_LEN];
 	struct ladder_plan plan;
-	int ok;
+	int ok, recorded;
 
 	ladder_plan(&msg->properties, (int64_t)state_now_ms(), &plan);
 	p.data = plan.due_at;
+	recorded = scheduler_record_key(&plan, key);
+	if (recorded && delayed_cancelled(l->vhost, key)) {
+		/* Cancelled through the admin endpoint: it goes no further. */
+		scheduler_add(sc, SCHEDULER_STAT_cancelled);
+		delayed_forget(l->vhost, key);
+		return l->ack(l, tag);
+	}
 	switch (plan.action) {
 	case LADDER_MALFORMED:
 		scheduler_add(sc, SCHEDULER_STAT_malformed);
@@ -276,6 +296,8 @@ static int scheduler_message(void *state, uint64_t tag, amqp_message_t *msg)
 	case LADDER_DELIVER:
 		if (!scheduler_allowed(sc, plan.exchange, plan.routing_key)) {
 			scheduler_forbidden(sc, &plan);
+			if (recorded)
+				delayed_forget(l->vhost, key);
 			return l->ack(l, tag);
 		}
 		ok = scheduler_exchange_ok(sc, plan.exchange);
@@ -294,6 +316,7 @@ static int scheduler_message(void *state, uint64_t tag, amqp_message_t *msg)
 		    ladder_final(&msg->properties, &msg->pool) != 0)
 			return -1;
 		p.kind = SCHEDULER_DELIVER;
+		p.data2 = recorded ? delayed_key_nonce(key) : 0;
 		break;
 	}
 	return l->publish(l, &p);
@@ -312,6 +335,17 @@ static int scheduler_returned(void *state, struct engine_sent *s, amqp_message_t
 	if (ladder_readd(&msg->properties, &msg->pool, s->exchange, s->routing_key, s->data) !=
 	    0)
 		return -1;
+	if (s->data2) {
+		/* Its record's id goes back with it: still listed, cancellable. */
+		uint8_t key[DELAYED_KEY_LEN];
+		char id[DELAYED_ID_LEN + 1];
+
+		delayed_key(key, s->data, s->data2);
+		delayed_id(id, key);
+		if (ladder_set_id(&msg->properties, &msg->pool, amqp_cstring_bytes(id)) != 0)
+			return -1;
+		s->data2 = 0; /* not delivered: the record stays */
+	}
 	p.kind = SCHEDULER_REHOP;
 	p.exchange = amqp_cstring_bytes(LADDER_EXCHANGE);
 	p.routing_key = amqp_cstring_bytes(ladder_smallest()->queue);
@@ -345,6 +379,12 @@ static int scheduler_settled(void *state, const struct engine_sent *s, enum engi
 		if (s->kind == SCHEDULER_DELIVER) {
 			scheduler_add(sc, SCHEDULER_STAT_delivered);
 			scheduler_late(sc, (int64_t)state_now_ms() - s->data);
+			if (s->data2) {
+				uint8_t key[DELAYED_KEY_LEN];
+
+				delayed_key(key, s->data, s->data2);
+				delayed_forget(sc->link->vhost, key);
+			}
 		} else if (s->kind == SCHEDULER_HOP) {
 			scheduler_add(sc, SCHEDULER_STAT_hops);
 		}

@@ -25,6 +25,8 @@
 	X(forbidden, "acemq_proxy_schedule_total", "event=\"forbidden\"",                      \
 	  "scheduled messages, by event")                                                      \
 	X(unroutable, "acemq_proxy_schedule_total", "event=\"unroutable\"",                    \
+	  "scheduled messages, by event")                                                      \
+	X(cancelled, "acemq_proxy_schedule_total", "event=\"cancelled\"",                      \
 	  "scheduled messages, by event")
 
 enum scheduler_stat {

@@ -371,7 +371,10 @@ static void state_enqueue(struct state *st, struct state_write *head, struct sta
 		for (w = head; w; w = next) {
 			next = w->next;
 			w->rc = STATE_CLOSED;
-			worker_post(w->w, &w->call);
+			if (w->w)
+				worker_post(w->w, &w->call);
+			else
+				w->call.fn(&w->call); /* a state_post's, on this thread */
 		}
 		return;
 	}
@@ -436,6 +439,15 @@ void state_submit(struct state *st, struct state_write *w)
 	}
 	*t->tail = w;
 	t->tail = &w->next;
+}
+
+void state_post(struct state *st, struct state_write *w)
+{
+	ACEMQ_ASSERT(w->w == NULL && w->call.fn != NULL);
+	ACEMQ_ASSERT(w->nops >= 0 && (w->nops == 0 || w->ops != NULL));
+	w->next = NULL;
+	w->rc = STATE_OK;
+	state_enqueue(st, w, &w->next);
 }
 
 int state_get(struct state *st, const char *db, const void *key, size_t klen,

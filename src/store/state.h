@@ -69,6 +69,11 @@ void state_close(struct state *st);
 /* From any thread: queue a write. */
 void state_submit(struct state *st, struct state_write *w);
 
+/* From any thread, w->w NULL: queue a write nobody waits for; its
+ * completion runs on the writer thread (it must be quick and must not
+ * block), or at once on the caller's when the layer is closed. */
+void state_post(struct state *st, struct state_write *w);
+
 /* From a thread that may block (never a worker's loop): write and wait
  * until durable. */
 int state_write_wait(struct state *st, struct state_op *ops, int nops);

@@ -5,6 +5,7 @@
 
 #include "amqp/table.h"
 #include "src/patterns/ladder.h"
+#include "src/store/delayed.h"
 
 #include <check.h>
 #include <string.h>
@@ -196,6 +197,52 @@ START_TEST(test_rewrite_plan_final)
 }
 END_TEST
 
+/* The record's id travels with the message and its key parses back; the
+ * delivered message does not carry it. */
+START_TEST(test_id_travels_and_goes_on_delivery)
+{
+	amqp_basic_properties_t p;
+	amqp_pool_t pool;
+	struct ladder_plan plan;
+	uint8_t key[DELAYED_KEY_LEN], back[DELAYED_KEY_LEN];
+	char id[DELAYED_ID_LEN + 1];
+
+	init_amqp_pool(&pool, 4096);
+	memset(&p, 0, sizeof(p));
+	delayed_key(key, 1700000000123LL, 0x0102030405060708ULL);
+	delayed_id(id, key);
+	ck_assert_str_eq(id, "0000018bcfe5687b0102030405060708");
+	ck_assert_int_eq(delayed_key_due(key), 1700000000123LL);
+	ck_assert(delayed_key_nonce(key) == 0x0102030405060708ULL);
+	ck_assert_int_eq(delayed_parse_id(id, strlen(id), back), 0);
+	ck_assert(memcmp(back, key, sizeof(key)) == 0);
+	ck_assert_int_eq(delayed_parse_id(id, strlen(id) - 1, back), -1);
+	ck_assert_int_eq(delayed_parse_id("0000018BCFE5687B0102030405060708", 32, back), -1);
+	ck_assert_int_eq(delayed_parse_id("0000018bcfe5687b010203040506070g", 32, back), -1);
+	ck_assert(delayed_nonce() != 0);
+
+	ck_assert_int_eq(ladder_rewrite(&p, &pool, amqp_cstring_bytes(""),
+					amqp_cstring_bytes("q"), "x-delay", 1700000000123LL),
+			 0);
+	ck_assert_int_eq(ladder_set_id(&p, &pool, amqp_cstring_bytes(id)), 0);
+	ladder_plan(&p, 1700000000000LL, &plan);
+	ck_assert_int_eq(plan.action, LADDER_HOP);
+	ck_assert_int_eq(plan.id.len, DELAYED_ID_LEN);
+	ck_assert(memcmp(plan.id.bytes, id, DELAYED_ID_LEN) == 0);
+	ck_assert_int_eq(ladder_final(&p, &pool), 0);
+	ck_assert_int_eq(table_find(&p.headers, LADDER_H_ID), -1);
+	ck_assert_int_eq(p.headers.num_entries, 0);
+	/* Without the id, a plan has none. */
+	ck_assert_int_eq(ladder_rewrite(&p, &pool, amqp_cstring_bytes(""),
+					amqp_cstring_bytes("q"), "x-delay", 5),
+			 0);
+	ladder_plan(&p, 6, &plan);
+	ck_assert_int_eq(plan.action, LADDER_DELIVER);
+	ck_assert_int_eq(plan.id.len, 0);
+	empty_amqp_pool(&pool);
+}
+END_TEST
+
 START_TEST(test_malformed_and_no_content_type)
 {
 	amqp_pool_t pool;
@@ -308,6 +355,7 @@ int main(void)
 	tcase_add_test(tc, test_rungs);
 	tcase_add_test(tc, test_delay_kinds);
 	tcase_add_test(tc, test_rewrite_plan_final);
+	tcase_add_test(tc, test_id_travels_and_goes_on_delivery);
 	tcase_add_test(tc, test_malformed_and_no_content_type);
 	tcase_add_test(tc, test_final_forgets_ladder_deaths);
 	tcase_add_test(tc, test_rung_args);
