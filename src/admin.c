@@ -359,12 +359,13 @@ static void admin_stats(struct http_request *req, void *arg)
 
 	open = admin_sum(&sum);
 	pool_gauges(&pg);
-	evbuffer_add_printf(out,
-			    "{\n  \"version\": \"%s\",\n  \"uptime_s\": %lld,\n  \"workers\": "
-			    "%d,\n  \"connections_open\": %lu,\n  \"pool_connections\": %lu,\n  "
-			    "\"pool_channels\": %lu,\n  \"pool_waiting\": %lu",
-			    PACKAGE_VERSION, (long long)(time(NULL) - admin_started),
-			    admin_nworkers, open, pg.connections, pg.channels, pg.waiting);
+	evbuffer_add_printf(
+	    out,
+	    "{\n  \"version\": \"%s\",\n  \"uptime_s\": %lld,\n  \"workers\": "
+	    "%d,\n  \"connections_open\": %lu,\n  \"pool_connections\": %lu,\n  "
+	    "\"pool_channels\": %lu,\n  \"pool_waiting\": %lu",
+	    PACKAGE_VERSION, (long long)(time(NULL) - admin_started), admin_nworkers, open,
+	    pg.connections, pg.channels, pg.waiting);
 	admin_upstreams(out);
 	if (admin_state) {
 		struct state_counters c;

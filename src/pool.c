@@ -1,9 +1,11 @@
-/* pool: the pools of a worker, one per (vhost, user) of a pooled vhost;
- * the credential cache shared by every worker (a salted hash of a password
- * the broker accepted, never the password); a client attaching, shown a
- * broker's connection.start, its credentials checked (at once from the
- * cache, or by a broker connection opened with them), bound to the least
- * loaded connection, or waiting while every connection is full. */
+/* pool: the pools, one per (vhost, user) of a pooled vhost, each kept on
+ * a home worker (the worker of its first client) that owns its broker
+ * connections; a client on any worker reaches it through a pool_xfer
+ * (two buffers, two posted calls). Here: the registry, a client attaching
+ * (shown a broker's connection.start), its credentials trusted from a
+ * salted hash of the password the broker last accepted (never the
+ * password) or checked by a broker connection opened with them, bound to
+ * the least loaded connection, or waiting while every one is full. */
 #include "pool.h"
 
 #include "../amqp/frame_scan.h"
@@ -21,117 +23,34 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/rand.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* Shared by every worker: the connections a (vhost, user) has open, and
- * the hash of the password the broker last accepted for it. */
-struct pool_key {
-	struct pool_key *next;
-	char vhost[128], user[128];
-	int conns; /* under the lock */
-	int users; /* pools of workers holding it */
-	uint8_t hash[POOL_HASH_LEN];
-	time_t trusted_until;
-};
+static _Thread_local struct list pool_homed; /* the pools this worker is home to */
 
 static struct {
 	pthread_mutex_t lock;
-	struct pool_key *keys;
+	struct pool *pools;
 	uint8_t salt[16];
 	int salted;
 	unsigned long conns, channels, waiting; /* gauges, atomic */
 } pool_shared = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
-static _Thread_local struct list pool_list; /* this worker's pools */
-
-static struct pool_key *pool_key_get(const char *vhost, const char *user)
-{
-	struct pool_key *k;
-
-	pthread_mutex_lock(&pool_shared.lock);
-	if (!pool_shared.salted)
-		pool_shared.salted =
-		    RAND_bytes(pool_shared.salt, sizeof(pool_shared.salt)) == 1;
-	for (k = pool_shared.keys; k; k = k->next)
-		if (strcmp(k->vhost, vhost) == 0 && strcmp(k->user, user) == 0)
-			break;
-	if (k == NULL && pool_shared.salted && (k = calloc(1, sizeof(*k))) != NULL) {
-		snprintf(k->vhost, sizeof(k->vhost), "%s", vhost);
-		snprintf(k->user, sizeof(k->user), "%s", user);
-		k->next = pool_shared.keys;
-		pool_shared.keys = k;
-	}
-	if (k)
-		k->users++;
-	pthread_mutex_unlock(&pool_shared.lock);
-	return k;
-}
-
-static void pool_key_put(struct pool_key *k)
-{
-	struct pool_key **pp;
-
-	pthread_mutex_lock(&pool_shared.lock);
-	if (--k->users == 0 && k->conns == 0) {
-		for (pp = &pool_shared.keys; *pp && *pp != k; pp = &(*pp)->next)
-			;
-		if (*pp)
-			*pp = k->next;
-		OPENSSL_cleanse(k->hash, sizeof(k->hash));
-		free(k);
-	}
-	pthread_mutex_unlock(&pool_shared.lock);
-}
-
-/* 1 when hash is the one the broker last accepted, within auth_ttl_s. */
-int pool_key_trust(struct pool *p, const uint8_t *hash)
-{
-	int ok;
-
-	pthread_mutex_lock(&pool_shared.lock);
-	ok = p->key->trusted_until > time(NULL) &&
-	     CRYPTO_memcmp(p->key->hash, hash, POOL_HASH_LEN) == 0;
-	pthread_mutex_unlock(&pool_shared.lock);
-	return ok;
-}
-
-static void pool_key_trusted(struct pool *p, const uint8_t *hash)
-{
-	pthread_mutex_lock(&pool_shared.lock);
-	memcpy(p->key->hash, hash, POOL_HASH_LEN);
-	p->key->trusted_until = time(NULL) + p->cfg.auth_ttl_s;
-	pthread_mutex_unlock(&pool_shared.lock);
-}
-
-/* Claim a connection under max_connections (1), or not (0). */
-int pool_key_room(struct pool *p)
-{
-	int ok;
-
-	pthread_mutex_lock(&pool_shared.lock);
-	ok = p->key->conns < p->cfg.max_connections;
-	if (ok)
-		p->key->conns++;
-	pthread_mutex_unlock(&pool_shared.lock);
-	if (ok)
-		__atomic_add_fetch(&pool_shared.conns, 1, __ATOMIC_RELAXED);
-	return ok;
-}
-
-void pool_key_count(struct pool *p, int delta)
-{
-	pthread_mutex_lock(&pool_shared.lock);
-	p->key->conns += delta;
-	pthread_mutex_unlock(&pool_shared.lock);
-	__atomic_add_fetch(&pool_shared.conns, (unsigned long)(long)delta, __ATOMIC_RELAXED);
-}
-
 void pool_channels_add(int delta)
 {
 	__atomic_add_fetch(&pool_shared.channels, (unsigned long)(long)delta, __ATOMIC_RELAXED);
+}
+
+void pool_conns_add(struct pool *p, int delta)
+{
+	p->nconns += (unsigned)delta;
+	__atomic_add_fetch(&pool_shared.conns, (unsigned long)(long)delta, __ATOMIC_RELAXED);
+}
+
+static void pool_waiting_add(int delta)
+{
+	__atomic_add_fetch(&pool_shared.waiting, (unsigned long)(long)delta, __ATOMIC_RELAXED);
 }
 
 void pool_gauges(struct pool_gauges *g)
@@ -141,50 +60,69 @@ void pool_gauges(struct pool_gauges *g)
 	g->waiting = __atomic_load_n(&pool_shared.waiting, __ATOMIC_RELAXED);
 }
 
-/* ---- pools ---------------------------------------------------------- */
+/* ---- the registry ----------------------------------------------------- */
 
-static struct pool *pool_find(struct worker *w, const struct rules_vhost *v, const char *vhost,
-			      const char *user)
+/* The pool of (vhost, user), made on w when new; a reference taken. */
+static struct pool *pool_get(struct worker *w, const char *vhost, const char *user)
 {
 	struct pool *p;
 
-	if (pool_list.next == NULL)
-		list_init(&pool_list);
-	list_for_each_entry (p, &pool_list, node)
-		if (strcmp(p->vhost, vhost) == 0 && strcmp(p->user, user) == 0) {
-			p->cfg = v->pool; /* a reload applies to new clients */
-			p->upstreams = v->upstream;
-			return p;
-		}
-	p = calloc(1, sizeof(*p));
-	if (p == NULL)
-		return NULL;
-	p->w = w;
-	snprintf(p->vhost, sizeof(p->vhost), "%s", vhost);
-	snprintf(p->user, sizeof(p->user), "%s", user);
-	p->cfg = v->pool;
-	p->upstreams = v->upstream;
-	list_init(&p->conns);
-	list_init(&p->waiting);
-	p->key = pool_key_get(vhost, user);
-	if (p->key == NULL) {
-		free(p);
-		return NULL;
+	pthread_mutex_lock(&pool_shared.lock);
+	if (!pool_shared.salted)
+		pool_shared.salted =
+		    RAND_bytes(pool_shared.salt, sizeof(pool_shared.salt)) == 1;
+	for (p = pool_shared.pools; p; p = p->next)
+		if (strcmp(p->vhost, vhost) == 0 && strcmp(p->user, user) == 0)
+			break;
+	if (p == NULL && pool_shared.salted && (p = calloc(1, sizeof(*p))) != NULL) {
+		snprintf(p->vhost, sizeof(p->vhost), "%s", vhost);
+		snprintf(p->user, sizeof(p->user), "%s", user);
+		p->home = w;
+		list_init(&p->homed);
+		list_init(&p->conns);
+		list_init(&p->waiting);
+		p->next = pool_shared.pools;
+		pool_shared.pools = p;
 	}
-	list_add(&p->node, &pool_list);
+	if (p)
+		p->refs++;
+	pthread_mutex_unlock(&pool_shared.lock);
 	return p;
 }
 
-/* A pool with no connection and no client goes. */
+/* On the home worker: a pool no client refers to and with no connection
+ * goes. */
 static void pool_maybe_free(struct pool *p)
 {
-	if (!list_empty(&p->conns) || !list_empty(&p->waiting))
+	struct pool **pp;
+	int go;
+
+	pthread_mutex_lock(&pool_shared.lock);
+	go = p->refs == 0 && list_empty(&p->conns);
+	if (go) {
+		for (pp = &pool_shared.pools; *pp && *pp != p; pp = &(*pp)->next)
+			;
+		if (*pp)
+			*pp = p->next;
+	}
+	pthread_mutex_unlock(&pool_shared.lock);
+	if (!go)
 		return;
-	list_del(&p->node);
+	ACEMQ_ASSERT(list_empty(&p->waiting));
+	list_del(&p->homed);
 	if (p->wait_timer)
 		event_free(p->wait_timer);
-	pool_key_put(p->key);
+	OPENSSL_cleanse(p->hash, sizeof(p->hash));
 	free(p);
+}
+
+static void pool_unref(struct pool *p)
+{
+	pthread_mutex_lock(&pool_shared.lock);
+	ACEMQ_ASSERT(p->refs > 0);
+	p->refs--;
+	pthread_mutex_unlock(&pool_shared.lock);
+	pool_maybe_free(p);
 }
 
 void pool_conn_gone(struct pool_conn *c)
@@ -196,81 +134,186 @@ void pool_conn_gone(struct pool_conn *c)
 	pool_maybe_free(p);
 }
 
-int pool_dial(struct session *s, const struct rules_vhost *v)
-{
-	struct pool_att *a = calloc(1, sizeof(*a));
-	struct pool_conn *c;
-	struct pool *p;
+/* ---- the meeting point ------------------------------------------------ */
 
-	if (a == NULL)
-		return -1;
-	p = pool_find(s->w, v, s->vhost, s->user);
-	if (p == NULL) {
-		free(a);
-		return -1;
-	}
-	a->s = s;
-	a->pool = p;
-	a->phase = ATT_START;
-	list_init(&a->exclusive);
-	list_add_tail(&a->node, &p->waiting);
-	a->tr = transport_pipe(s->w->base, &pool_pipe_ops, a);
-	if (a->tr == NULL) {
-		list_del(&a->node);
-		free(a);
-		pool_maybe_free(p);
-		return -1;
-	}
-	session_leg_setup(s, &s->upstream, a->tr, DIR_TO_CLIENT);
-	transport_read_enable(a->tr);
-	session_set_state(s, SESSION_CONNECTING);
-	/* Named in its log lines until bound: the pool's first address. */
-	s->upstream_at = upstream_pick(p->upstreams.n ? &p->upstreams : NULL, 0);
-	/* A connection.start to show: any connection of the pool that has
-	 * one, else one being opened (which shows it when it comes). */
-	list_for_each_entry (c, &p->conns, node) {
-		if (c->start) {
-			pool_show_start(a, c);
-			return 0;
-		}
-	}
-	list_for_each_entry (c, &p->conns, node)
-		if (c->phase < CONN_CREDS)
-			return 0;
-	if (pool_conn_new(p, NULL, 1) == NULL)
-		pool_att_close(a, REPLY_CONNECTION_FORCED,
-			       "CONNECTION_FORCED - no broker could be reached");
-	return 0;
+static void pool_to_a(struct worker_call *call);
+static void pool_to_p(struct worker_call *call);
+
+static void pool_xfer_unref(struct pool_xfer *x)
+{
+	int refs;
+
+	pthread_mutex_lock(&x->lock);
+	refs = --x->refs;
+	pthread_mutex_unlock(&x->lock);
+	if (refs)
+		return;
+	evbuffer_free(x->up);
+	evbuffer_free(x->down);
+	pthread_mutex_destroy(&x->lock);
+	free(x);
 }
 
-int64_t pool_conn_id(struct transport *tr)
+/* Under x->lock: the call to the other side, once until it runs. */
+static void pool_post_a(struct pool_xfer *x)
 {
-	struct pool_att *a = transport_pipe_peer(tr, &pool_pipe_ops);
-
-	if (a == NULL)
-		return -1;
-	return a->conn && a->phase >= ATT_TUNE ? (int64_t)a->conn->id : 0;
+	if (x->a_posted)
+		return;
+	x->a_posted = 1;
+	x->refs++;
+	worker_post(x->wa, &x->to_a);
 }
 
-/* Frames for the client: its session reads them later in this turn. */
+static void pool_post_p(struct pool_xfer *x)
+{
+	if (x->p_posted)
+		return;
+	x->p_posted = 1;
+	x->refs++;
+	worker_post(x->pool->home, &x->to_p);
+}
+
+/* P: frames for the client go to its worker. */
 void pool_feed(struct pool_att *a)
 {
+	struct pool_xfer *x = a->x;
+	int full;
+
 	a->last_in = time(NULL);
-	transport_pipe_fed(a->tr);
-	if (a->conn && !a->full && transport_pipe_full(a->tr)) {
+	pthread_mutex_lock(&x->lock);
+	evbuffer_add_buffer(x->down, a->down);
+	full = __atomic_load_n(&x->a_full, __ATOMIC_RELAXED) ||
+	       evbuffer_get_length(x->down) >= (size_t)worker_settings.buffer_limit;
+	pool_post_a(x);
+	pthread_mutex_unlock(&x->lock);
+	if (full && a->conn && !a->full) {
 		/* Its session reads no more for now: the broker's frames wait
 		 * (for every client of the connection). */
 		a->full = 1;
 		a->conn->nfull++;
-		pool_conn_kick(a->conn);
 	}
 }
+
+/* P: the broker connection has room for the client's frames again. */
+void pool_att_kick(struct pool_att *a)
+{
+	pthread_mutex_lock(&a->x->lock);
+	a->x->kick = 1;
+	pool_post_a(a->x);
+	pthread_mutex_unlock(&a->x->lock);
+}
+
+/* P: the broker side is gone; the session reads what it was given, then
+ * the end. */
+void pool_att_end(struct pool_att *a)
+{
+	pthread_mutex_lock(&a->x->lock);
+	evbuffer_add_buffer(a->x->down, a->down);
+	a->x->end = 1;
+	pool_post_a(a->x);
+	pthread_mutex_unlock(&a->x->lock);
+}
+
+/* A: what P sent, into the session's pipe. */
+static void pool_to_a(struct worker_call *call)
+{
+	struct pool_xfer *x =
+	    (struct pool_xfer *)(void *)((char *)call - offsetof(struct pool_xfer, to_a));
+	struct transport *tr;
+	size_t n;
+	int end, kick, at;
+
+	pthread_mutex_lock(&x->lock);
+	x->a_posted = 0;
+	tr = x->tr;
+	n = evbuffer_get_length(x->down);
+	if (tr)
+		evbuffer_add_buffer(transport_input(tr), x->down);
+	else
+		evbuffer_drain(x->down, n);
+	end = x->end;
+	kick = x->kick;
+	x->kick = 0;
+	pthread_mutex_unlock(&x->lock);
+	if (tr) {
+		at = __atomic_load_n(&x->at, __ATOMIC_RELAXED);
+		if (at >= 0)
+			x->s->upstream_at = at;
+		transport_pipe_count(tr, n, 0);
+		if (n) {
+			transport_pipe_fed(tr);
+			if (transport_pipe_full(tr))
+				__atomic_store_n(&x->a_full, 1, __ATOMIC_RELAXED);
+		}
+		if (kick)
+			transport_pipe_kick(tr);
+		if (end)
+			transport_pipe_end(tr, TRANSPORT_EOF, 0); /* x is no longer its peer */
+	}
+	pool_xfer_unref(x);
+}
+
+/* A: the session wrote for the broker; P takes it (while P's side is
+ * below buffer_limit: above, the session's own backpressure applies). */
+static void pool_pipe_output(void *arg)
+{
+	struct pool_xfer *x = arg;
+	struct evbuffer *out = transport_output(x->tr);
+	size_t n;
+
+	pthread_mutex_lock(&x->lock);
+	if (evbuffer_get_length(x->up) < (size_t)worker_settings.buffer_limit) {
+		n = evbuffer_get_length(out);
+		evbuffer_add_buffer(x->up, out);
+		pool_post_p(x);
+		pthread_mutex_unlock(&x->lock);
+		transport_pipe_count(x->tr, 0, n);
+		return;
+	}
+	pthread_mutex_unlock(&x->lock);
+}
+
+/* A: the session read its input down after it had been full. */
+static void pool_pipe_consumed(void *arg)
+{
+	struct pool_xfer *x = arg;
+
+	if (!__atomic_load_n(&x->a_full, __ATOMIC_RELAXED))
+		return;
+	__atomic_store_n(&x->a_full, 0, __ATOMIC_RELAXED);
+	pthread_mutex_lock(&x->lock);
+	x->unfull = 1;
+	pool_post_p(x);
+	pthread_mutex_unlock(&x->lock);
+}
+
+/* A: the session freed its pipe. */
+static void pool_pipe_gone(void *arg)
+{
+	struct pool_xfer *x = arg;
+
+	pthread_mutex_lock(&x->lock);
+	x->tr = NULL;
+	x->s = NULL;
+	x->gone = 1;
+	pool_post_p(x);
+	pthread_mutex_unlock(&x->lock);
+	pool_xfer_unref(x); /* A's */
+}
+
+static const struct transport_pipe_ops pool_pipe_ops = {
+    .output = pool_pipe_output,
+    .consumed = pool_pipe_consumed,
+    .gone = pool_pipe_gone,
+};
+
+/* ---- clients, on the home worker -------------------------------------- */
 
 void pool_show_start(struct pool_att *a, const struct pool_conn *c)
 {
 	if (a->phase != ATT_START)
 		return;
-	evbuffer_add(transport_input(a->tr), c->start, c->start_len);
+	evbuffer_add(a->down, c->start, c->start_len);
 	a->phase = ATT_STARTOK;
 	pool_feed(a);
 }
@@ -281,9 +324,15 @@ void pool_att_close(struct pool_att *a, uint16_t code, const char *text)
 {
 	if (a->phase == ATT_CLOSING)
 		return;
-	method_write_connection_close(transport_input(a->tr), code, text, 0, 0);
+	method_write_connection_close(a->down, code, text, 0, 0);
 	a->phase = ATT_CLOSING;
 	pool_feed(a);
+}
+
+static void pool_att_unwait(struct pool_att *a)
+{
+	if (a->phase == ATT_WAIT)
+		pool_waiting_add(-1);
 }
 
 /* The least loaded ready connection with room for a client, or NULL. */
@@ -304,16 +353,16 @@ void pool_bind(struct pool_att *a, struct pool_conn *c)
 {
 	amqp_connection_tune_t t = {0, c->frame_max, 0};
 
+	pool_att_unwait(a);
 	list_del(&a->node);
-	if (a->phase == ATT_WAIT)
-		__atomic_sub_fetch(&pool_shared.waiting, 1, __ATOMIC_RELAXED);
 	list_add_tail(&a->node, &c->atts);
 	c->natts++;
 	c->idle_since = 0;
 	a->conn = c;
-	a->s->upstream_at = c->at;
 	a->phase = ATT_TUNE;
-	method_write(transport_input(a->tr), 0, AMQP_CONNECTION_TUNE_METHOD, &t);
+	__atomic_store_n(&a->x->at, c->at, __ATOMIC_RELAXED);
+	__atomic_store_n(&a->x->conn_id, (int64_t)c->id, __ATOMIC_RELAXED);
+	method_write(a->down, 0, AMQP_CONNECTION_TUNE_METHOD, &t);
 	pool_feed(a);
 }
 
@@ -322,8 +371,8 @@ static void pool_wait_cb(evutil_socket_t fd, short what, void *arg)
 	pool_retry_waiting(arg);
 }
 
-/* Credentials known good: a connection for the client now, a new one
- * (under the bound), or a wait. */
+/* Credentials known good: a connection for the client now (one open, one
+ * opened for a connection.start, a new one under the bound), or a wait. */
 static void pool_place(struct pool_att *a)
 {
 	struct pool *p = a->pool;
@@ -334,29 +383,27 @@ static void pool_place(struct pool_att *a)
 		pool_bind(a, c);
 		return;
 	}
-	/* One opened for a client's connection.start takes these. */
 	list_for_each_entry (c, &p->conns, node) {
 		if (c->phase <= CONN_CREDS && c->auth == NULL && !c->check_only) {
-			if (a->phase == ATT_WAIT)
-				__atomic_sub_fetch(&pool_shared.waiting, 1, __ATOMIC_RELAXED);
+			pool_att_unwait(a);
 			a->phase = ATT_AUTH;
 			pool_conn_give_creds(c, a);
 			return;
 		}
 	}
+	if (pool_conn_new(p, a, 0) != NULL) {
+		pool_att_unwait(a);
+		a->phase = ATT_AUTH;
+		return;
+	}
 	if (a->phase != ATT_WAIT) {
 		a->phase = ATT_WAIT;
 		a->wait_until =
 		    time(NULL) + (worker_settings.handshake_timeout_ms + 999) / 1000;
-		__atomic_add_fetch(&pool_shared.waiting, 1, __ATOMIC_RELAXED);
-	}
-	if (pool_conn_new(p, a, 0) != NULL) {
-		a->phase = ATT_AUTH;
-		__atomic_sub_fetch(&pool_shared.waiting, 1, __ATOMIC_RELAXED);
-		return;
+		pool_waiting_add(1);
 	}
 	if (p->wait_timer == NULL)
-		p->wait_timer = evtimer_new(p->w->base, pool_wait_cb, p);
+		p->wait_timer = evtimer_new(p->home->base, pool_wait_cb, p);
 	if (p->wait_timer)
 		evtimer_add(p->wait_timer, &tv);
 }
@@ -372,11 +419,9 @@ void pool_retry_waiting(struct pool *p)
 		if (a->phase != ATT_WAIT)
 			continue;
 		if (now >= a->wait_until) {
-			__atomic_sub_fetch(&pool_shared.waiting, 1, __ATOMIC_RELAXED);
-			list_del(&a->node);
-			list_init(&a->node);
+			pool_att_unwait(a);
 			a->phase = ATT_STARTOK; /* pool_att_close sets CLOSING */
-			STATS_INC(&p->w->stats, pool_refused_full);
+			STATS_INC(&p->home->stats, pool_refused_full);
 			pool_att_close(a, REPLY_NOT_ALLOWED,
 				       "NOT_ALLOWED - every pooled broker connection of this "
 				       "vhost and user is full");
@@ -386,8 +431,8 @@ void pool_retry_waiting(struct pool *p)
 	}
 }
 
-/* The hash of what authenticates the client: mechanism response's user
- * and password, salted; -1 when start-ok does not decode. */
+/* The hash of what authenticates the client (its user and password,
+ * salted); -1 when its start-ok does not decode. */
 static int pool_hash(struct pool_att *a)
 {
 	amqp_connection_start_ok_t *m;
@@ -439,21 +484,21 @@ void pool_credentials_in(struct pool_att *a)
 		    "PLAIN. For details see the broker logfile.");
 		return;
 	}
-	if (pool_key_trust(p, a->hash)) {
-		STATS_INC(&p->w->stats, pool_auth_hits);
+	if (p->trusted_until > time(NULL) &&
+	    CRYPTO_memcmp(p->hash, a->hash, POOL_HASH_LEN) == 0) {
+		STATS_INC(&p->home->stats, pool_auth_hits);
 		pool_place(a);
 		return;
 	}
-	STATS_INC(&p->w->stats, pool_auth_misses);
+	STATS_INC(&p->home->stats, pool_auth_misses);
 	/* A connection opened and waiting for credentials takes these. */
+	a->phase = ATT_AUTH;
 	list_for_each_entry (c, &p->conns, node) {
-		if (c->phase == CONN_CREDS && c->auth == NULL) {
-			a->phase = ATT_AUTH;
+		if (c->phase <= CONN_CREDS && c->auth == NULL) {
 			pool_conn_give_creds(c, a);
 			return;
 		}
 	}
-	a->phase = ATT_AUTH;
 	if (pool_conn_new(p, a, 1) == NULL)
 		pool_att_close(a, REPLY_CONNECTION_FORCED,
 			       "CONNECTION_FORCED - no broker could be reached");
@@ -463,15 +508,16 @@ void pool_credentials_in(struct pool_att *a)
 void pool_conn_opened(struct pool_conn *c)
 {
 	struct pool_att *a = c->auth;
+	struct pool *p = c->pool;
 
 	c->auth = NULL;
 	if (a == NULL)
 		return;
-	pool_key_trusted(c->pool, a->hash);
+	memcpy(p->hash, a->hash, POOL_HASH_LEN);
+	p->trusted_until = time(NULL) + p->cfg.auth_ttl_s;
+	a->conn = NULL;
 	if (c->check_only) {
 		pool_conn_close(c, "credentials checked");
-		a->phase = ATT_WAIT;
-		__atomic_add_fetch(&pool_shared.waiting, 1, __ATOMIC_RELAXED);
 		pool_place(a);
 		return;
 	}
@@ -487,68 +533,191 @@ void pool_conn_refused(struct pool_conn *c, const uint8_t *frame, size_t len)
 	c->auth = NULL;
 	if (a == NULL || a->phase == ATT_CLOSING)
 		return;
-	evbuffer_add(transport_input(a->tr), frame, len);
+	a->conn = NULL;
+	evbuffer_add(a->down, frame, len);
 	a->phase = ATT_CLOSING;
 	pool_feed(a);
 }
 
-/* ---- the pipe's peer ------------------------------------------------ */
-
-static void pool_pipe_consumed(void *arg)
+/* P: a new client (posted by pool_dial). */
+static struct pool_att *pool_attach(struct pool_xfer *x)
 {
-	struct pool_att *a = arg;
+	struct pool *p = x->pool;
+	struct pool_att *a = calloc(1, sizeof(*a));
+	struct pool_conn *c;
 
-	if (a->full && !transport_pipe_full(a->tr)) {
-		a->full = 0;
-		if (a->conn && a->conn->nfull > 0 && --a->conn->nfull == 0)
-			pool_conn_kick(a->conn);
+	if (a == NULL || (a->up = evbuffer_new()) == NULL ||
+	    (a->down = evbuffer_new()) == NULL) {
+		if (a && a->up)
+			evbuffer_free(a->up);
+		free(a);
+		return NULL;
 	}
+	if (!list_linked(&p->homed)) {
+		if (pool_homed.next == NULL)
+			list_init(&pool_homed);
+		list_add(&p->homed, &pool_homed);
+	}
+	/* The rules in force when the client came apply to what opens now. */
+	p->cfg = x->cfg;
+	p->upstreams = x->upstreams;
+	a->x = x;
+	a->session_id = x->session_id;
+	a->pool = p;
+	a->phase = ATT_START;
+	list_init(&a->exclusive);
+	list_add_tail(&a->node, &p->waiting);
+	/* A connection.start to show: any connection of the pool that has
+	 * one, else one being opened (which shows it when it comes). */
+	list_for_each_entry (c, &p->conns, node) {
+		if (c->start) {
+			pool_show_start(a, c);
+			return a;
+		}
+	}
+	list_for_each_entry (c, &p->conns, node)
+		if (c->phase < CONN_CREDS)
+			return a;
+	if (pool_conn_new(p, NULL, 1) == NULL)
+		pool_att_close(a, REPLY_CONNECTION_FORCED,
+			       "CONNECTION_FORCED - no broker could be reached");
+	return a;
 }
 
-static void pool_pipe_gone(void *arg)
+/* P: the client's session let go; what it held at the broker goes. */
+static void pool_detach(struct pool_att *a)
 {
-	struct pool_att *a = arg;
-	struct pool *p = a->pool;
+	struct pool_conn *c = a->conn;
 
-	if (a->full && a->conn && a->conn->nfull > 0 && --a->conn->nfull == 0)
-		pool_conn_kick(a->conn);
-	if (a->phase == ATT_WAIT)
-		__atomic_sub_fetch(&pool_shared.waiting, 1, __ATOMIC_RELAXED);
-	if (a->conn && a->conn->auth == a)
-		a->conn->auth = NULL;
-	pool_mux_leave(a); /* its channels closed at the broker */
-	if (list_linked(&a->node))
-		list_del(&a->node);
-	if (a->conn) {
-		ACEMQ_ASSERT(a->conn->natts > 0 || a->phase < ATT_TUNE);
-		if (a->phase >= ATT_TUNE && a->conn->natts > 0 && --a->conn->natts == 0)
-			a->conn->idle_since = time(NULL);
-	}
+	pool_att_unwait(a);
+	if (c && c->auth == a)
+		c->auth = NULL;
+	pool_mux_leave(a);
+	if (a->full && c && c->nfull > 0 && --c->nfull == 0)
+		pool_conn_kick(c);
+	list_del(&a->node);
+	if (c && a->phase >= ATT_TUNE && c->natts > 0 && --c->natts == 0)
+		c->idle_since = time(NULL);
 	if (a->startok)
 		evbuffer_free(a->startok);
 	OPENSSL_cleanse(a->hash, sizeof(a->hash));
+	evbuffer_free(a->up);
+	evbuffer_free(a->down);
 	free(a->map);
 	free(a->refused);
 	free(a);
-	pool_retry_waiting(p);
-	pool_maybe_free(p);
 }
 
-const struct transport_pipe_ops pool_pipe_ops = {
-    .output = pool_mux_output,
-    .consumed = pool_pipe_consumed,
-    .gone = pool_pipe_gone,
-};
+/* P: what A posted: a new client, its frames, room again, its end. */
+static void pool_to_p(struct worker_call *call)
+{
+	struct pool_xfer *x =
+	    (struct pool_xfer *)(void *)((char *)call - offsetof(struct pool_xfer, to_p));
+	struct pool *p = x->pool;
+	struct pool_att *a = x->att;
+	int gone, unfull, kick;
 
+	if (a == NULL && !x->gone)
+		a = x->att = pool_attach(x);
+	pthread_mutex_lock(&x->lock);
+	x->p_posted = 0;
+	kick = evbuffer_get_length(x->up) >= (size_t)worker_settings.buffer_limit;
+	if (a)
+		evbuffer_add_buffer(a->up, x->up);
+	else
+		evbuffer_drain(x->up, evbuffer_get_length(x->up));
+	gone = x->gone;
+	unfull = x->unfull;
+	x->unfull = 0;
+	if (kick && !gone) {
+		x->kick = 1; /* A may give more */
+		pool_post_a(x);
+	}
+	pthread_mutex_unlock(&x->lock);
+	if (a) {
+		if (unfull && a->full) {
+			a->full = 0;
+			if (a->conn && a->conn->nfull > 0 && --a->conn->nfull == 0)
+				pool_conn_kick(a->conn);
+		}
+		pool_mux_output(a);
+		if (gone) {
+			pool_detach(a);
+			x->att = NULL;
+		}
+	}
+	if (gone && !x->released) {
+		x->released = 1;
+		pool_xfer_unref(x); /* P's */
+		pool_unref(p);
+	}
+	pool_xfer_unref(x); /* the call's */
+}
+
+int pool_dial(struct session *s, const struct rules_vhost *v)
+{
+	struct pool_xfer *x = calloc(1, sizeof(*x));
+	struct pool *p;
+
+	if (x == NULL)
+		return -1;
+	p = pool_get(s->w, s->vhost, s->user);
+	if (p == NULL) {
+		free(x);
+		return -1;
+	}
+	x->up = evbuffer_new();
+	x->down = evbuffer_new();
+	x->tr = x->up && x->down ? transport_pipe(s->w->base, &pool_pipe_ops, x) : NULL;
+	if (x->tr == NULL) {
+		if (x->up)
+			evbuffer_free(x->up);
+		if (x->down)
+			evbuffer_free(x->down);
+		free(x);
+		pool_unref(p);
+		return -1;
+	}
+	pthread_mutex_init(&x->lock, NULL);
+	x->refs = 2; /* A's and P's */
+	x->to_a.fn = pool_to_a;
+	x->to_p.fn = pool_to_p;
+	x->wa = s->w;
+	x->pool = p;
+	x->s = s;
+	x->at = -1;
+	x->session_id = s->id;
+	x->cfg = v->pool;
+	x->upstreams = v->upstream;
+	session_leg_setup(s, &s->upstream, x->tr, DIR_TO_CLIENT);
+	transport_read_enable(x->tr);
+	session_set_state(s, SESSION_CONNECTING);
+	/* Named in its log lines until bound: the pool's first address. */
+	s->upstream_at = upstream_pick(v->upstream.n ? &v->upstream : NULL, 0);
+	pthread_mutex_lock(&x->lock);
+	pool_post_p(x); /* attach */
+	pthread_mutex_unlock(&x->lock);
+	return 0;
+}
+
+int64_t pool_conn_id(struct transport *tr)
+{
+	struct pool_xfer *x = transport_pipe_peer(tr, &pool_pipe_ops);
+
+	return x ? __atomic_load_n(&x->conn_id, __ATOMIC_RELAXED) : -1;
+}
+
+/* On a worker's thread as it ends: the connections of the pools it is home
+ * to close (their clients, on any worker, are told). */
 void pool_worker_fini(void)
 {
 	struct pool *p;
 	struct pool_conn *c;
 
-	if (pool_list.next == NULL)
+	if (pool_homed.next == NULL)
 		return;
-	list_for_each_entry_safe (p, &pool_list, node) {
+	list_for_each_entry_safe (p, &pool_homed, homed) {
 		list_for_each_entry_safe (c, &p->conns, node)
-			pool_conn_close(c, NULL);
+			pool_conn_close(c, NULL); /* may free p */
 	}
 }

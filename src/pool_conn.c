@@ -61,7 +61,7 @@ static int pool_conn_dial(struct pool_conn *c)
 		n = upstream_node(i);
 		c->tried |= 1u << i;
 		c->at = i;
-		c->tr = connect(p->w->base, (const struct sockaddr *)&n->sa, n->salen);
+		c->tr = connect(p->home->base, (const struct sockaddr *)&n->sa, n->salen);
 		if (c->tr && tls_upstream() && dial_tls(c->tr, n) != 0) {
 			transport_free(c->tr);
 			c->tr = NULL;
@@ -80,7 +80,7 @@ static int pool_conn_dial(struct pool_conn *c)
 		}
 		pool_conn_log(c, LOG_WARNING, "cannot connect to broker %s: %s", n->name,
 			      strerror(errno));
-		STATS_INC(&p->w->stats, upstream_failures);
+		STATS_INC(&p->home->stats, upstream_failures);
 		upstream_failed(i);
 	}
 	return -1;
@@ -92,16 +92,15 @@ static int pool_conn_dial(struct pool_conn *c)
 struct pool_conn *pool_conn_new(struct pool *p, struct pool_att *auth, int check)
 {
 	struct pool_conn *c;
-	int counted = pool_key_room(p);
+	int counted = p->nconns < (unsigned)p->cfg.max_connections;
 
 	if (!counted && !check)
 		return NULL;
 	c = calloc(1, sizeof(*c));
-	if (c == NULL) {
-		if (counted)
-			pool_key_count(p, -1);
+	if (c == NULL)
 		return NULL;
-	}
+	if (counted)
+		pool_conns_add(p, 1);
 	c->id = __atomic_add_fetch(&pool_conn_ids, 1, __ATOMIC_RELAXED);
 	c->pool = p;
 	c->counted = counted;
@@ -111,7 +110,7 @@ struct pool_conn *pool_conn_new(struct pool *p, struct pool_att *auth, int check
 	list_init(&c->atts);
 	list_init(&c->exclusive);
 	list_add_tail(&c->node, &p->conns);
-	c->timer = event_new(p->w->base, -1, EV_PERSIST, pool_conn_tick, c);
+	c->timer = event_new(p->home->base, -1, EV_PERSIST, pool_conn_tick, c);
 	if (c->timer == NULL || pool_conn_dial(c) != 0) {
 		c->auth = NULL;
 		pool_conn_free(c, 0, NULL);
@@ -231,7 +230,7 @@ static void pool_conn_fan_out(struct pool_conn *c, struct evbuffer *in, size_t l
 	list_for_each_entry (a, &c->atts, node) {
 		if (a->phase != ATT_OPEN || (only_blocked_capable && !a->caps_blocked))
 			continue;
-		evbuffer_add(transport_input(a->tr), p, len);
+		evbuffer_add(a->down, p, len);
 		pool_feed(a);
 	}
 }
@@ -279,7 +278,7 @@ static int pool_conn_handshake(struct pool_conn *c, struct evbuffer *in,
 		return 0;
 	}
 	if (c->phase == CONN_TUNE && id == AMQP_CONNECTION_TUNE_METHOD &&
-	    method_decode_evbuffer(in, fi->size, &p->w->pool, &id, &decoded) == 0) {
+	    method_decode_evbuffer(in, fi->size, &p->home->pool, &id, &decoded) == 0) {
 		amqp_connection_tune_t *t = decoded;
 		amqp_connection_tune_ok_t ok;
 		amqp_connection_open_t o = {amqp_cstring_bytes(p->vhost), amqp_empty_bytes, 0};
@@ -295,7 +294,7 @@ static int pool_conn_handshake(struct pool_conn *c, struct evbuffer *in,
 		ok.frame_max = c->frame_max;
 		ok.heartbeat = c->heartbeat;
 		evbuffer_drain(in, len);
-		empty_amqp_pool(&p->w->pool);
+		empty_amqp_pool(&p->home->pool);
 		if (c->slots == NULL ||
 		    method_write(out, 0, AMQP_CONNECTION_TUNE_OK_METHOD, &ok) != 0 ||
 		    method_write(out, 0, AMQP_CONNECTION_OPEN_METHOD, &o) != 0) {
@@ -316,7 +315,7 @@ static int pool_conn_handshake(struct pool_conn *c, struct evbuffer *in,
 		pool_conn_opened(c);
 		return 0;
 	}
-	empty_amqp_pool(&p->w->pool);
+	empty_amqp_pool(&p->home->pool);
 	pool_conn_log(c, LOG_WARNING, "broker sent method %u.%u during the handshake",
 		      fi->class_id, fi->method_id);
 	pool_conn_free(c, REPLY_CONNECTION_FORCED,
@@ -339,7 +338,7 @@ static int pool_conn_level(struct pool_conn *c, struct evbuffer *in,
 		/* Each client hears the broker's reason. */
 		list_for_each_entry (a, &c->atts, node) {
 			if (frame && a->phase != ATT_CLOSING) {
-				evbuffer_add(transport_input(a->tr), frame, len);
+				evbuffer_add(a->down, frame, len);
 				a->phase = ATT_CLOSING;
 				pool_feed(a);
 			}
@@ -372,8 +371,8 @@ static void pool_conn_exclusive(struct pool_conn *c, struct pool_slot *sl, struc
 	amqp_queue_declare_ok_t *ok;
 
 	sl->exclusive_pending = 0;
-	if (method_decode_evbuffer(in, fi->size, &c->pool->w->pool, &id, &decoded) != 0) {
-		empty_amqp_pool(&c->pool->w->pool);
+	if (method_decode_evbuffer(in, fi->size, &c->pool->home->pool, &id, &decoded) != 0) {
+		empty_amqp_pool(&c->pool->home->pool);
 		return;
 	}
 	ok = decoded;
@@ -383,7 +382,7 @@ static void pool_conn_exclusive(struct pool_conn *c, struct pool_slot *sl, struc
 		list_add(&q->node, &sl->att->exclusive);
 		list_add(&q->conn_node, &c->exclusive);
 	}
-	empty_amqp_pool(&c->pool->w->pool);
+	empty_amqp_pool(&c->pool->home->pool);
 }
 
 /* A frame on channel m, for its client (renumbered) or the proxy. */
@@ -431,8 +430,7 @@ static void pool_conn_channel(struct pool_conn *c, struct evbuffer *in,
 	}
 	p[1] = (uint8_t)(sl->n >> 8);
 	p[2] = (uint8_t)sl->n;
-	evbuffer_remove_buffer(in, transport_input(a->tr), len);
-	transport_pipe_count(a->tr, len, 0);
+	evbuffer_remove_buffer(in, a->down, len);
 	pool_feed(a);
 	if (freed)
 		pool_conn_free_slot(c, fi->channel);
@@ -463,7 +461,7 @@ static void pool_conn_read(struct transport *tr, void *arg)
 	}
 	if (c->nfull == 0 && rc == FRAME_SCAN_ERROR) {
 		pool_conn_log(c, LOG_WARNING, "broker sent a bad frame: %s", fi.error);
-		STATS_INC(&c->pool->w->stats, upstream_failures);
+		STATS_INC(&c->pool->home->stats, upstream_failures);
 		pool_conn_free(c, REPLY_CONNECTION_FORCED,
 			       "CONNECTION_FORCED - broker sent a bad frame");
 		return;
@@ -491,7 +489,7 @@ static void pool_conn_drained(struct transport *tr, void *arg)
 	struct pool_att *a;
 
 	list_for_each_entry (a, &c->atts, node)
-		transport_pipe_kick(a->tr);
+		pool_att_kick(a);
 }
 
 static void pool_conn_event(struct transport *tr, int what, int err, void *arg)
@@ -516,9 +514,10 @@ static void pool_conn_event(struct transport *tr, int what, int err, void *arg)
 		 * credentials to a client that did not announce
 		 * authentication_failure_close. */
 		pool_conn_log(c, LOG_WARNING, "the broker refused the credentials");
-		pool_conn_free(c, REPLY_ACCESS_REFUSED,
-			       "ACCESS_REFUSED - Login was refused using authentication mechanism "
-			       "PLAIN. For details see the broker logfile.");
+		pool_conn_free(
+		    c, REPLY_ACCESS_REFUSED,
+		    "ACCESS_REFUSED - Login was refused using authentication mechanism "
+		    "PLAIN. For details see the broker logfile.");
 		return;
 	}
 	if (c->phase != CONN_CLOSING) {
@@ -526,7 +525,7 @@ static void pool_conn_event(struct transport *tr, int what, int err, void *arg)
 			      what & TRANSPORT_TIMEOUT ? "timed out (heartbeats)"
 			      : what & TRANSPORT_EOF   ? "closed by the broker"
 						       : transport_error(tr, err));
-		STATS_INC(&c->pool->w->stats, upstream_failures);
+		STATS_INC(&c->pool->home->stats, upstream_failures);
 	}
 	pool_conn_free(c, REPLY_CONNECTION_FORCED,
 		       "CONNECTION_FORCED - broker connection lost");
@@ -555,7 +554,7 @@ static void pool_conn_tick(evutil_socket_t fd, short what, void *arg)
 	list_for_each_entry (a, &c->atts, node) {
 		if (a->phase == ATT_OPEN && a->heartbeat &&
 		    now - a->last_in >= (a->heartbeat + 1) / 2) {
-			evbuffer_add(transport_input(a->tr), beat, sizeof(beat));
+			evbuffer_add(a->down, beat, sizeof(beat));
 			pool_feed(a);
 		}
 	}
@@ -603,7 +602,7 @@ static void pool_conn_free(struct pool_conn *c, uint16_t code, const char *text)
 			pool_att_close(a, code, text);
 		a->conn = NULL;
 		a->full = 0;
-		transport_pipe_end(a->tr, TRANSPORT_EOF, 0);
+		pool_att_end(a);
 	}
 	list_for_each_entry_safe (q, &c->exclusive, conn_node) {
 		list_del(&q->conn_node);
@@ -618,7 +617,7 @@ static void pool_conn_free(struct pool_conn *c, uint16_t code, const char *text)
 	if (c->tr)
 		transport_free(c->tr);
 	if (c->counted)
-		pool_key_count(c->pool, -1);
+		pool_conns_add(c->pool, -1);
 	free(c->slots);
 	free(c->start);
 	pool_conn_gone(c);

@@ -5,8 +5,10 @@
 #include "list.h"
 #include "rules.h"
 #include "upstream.h"
+#include "worker.h"
 
 #include <amqp.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <time.h>
 
@@ -87,12 +89,47 @@ enum pool_att_phase {
 	ATT_CLOSING, /* a connection.close was shown: frames dropped */
 };
 
-/* A client session's end of the pool: the peer of its broker leg. */
+/* Where a client's session (on its worker, A) and its pool (on the pool's
+ * home worker, P) meet: two buffers and two posted calls, under a lock.
+ * Each side holds a reference, and so does each call while posted. */
+struct pool_xfer {
+	pthread_mutex_t lock;
+	int refs;
+	struct evbuffer *up;   /* A to P: what the session wrote for the broker */
+	struct evbuffer *down; /* P to A: what the session is to read */
+	struct worker_call to_a, to_p;
+	struct worker *wa;
+	struct pool *pool;
+	/* under the lock */
+	unsigned a_posted : 1, p_posted : 1;
+	unsigned gone : 1;   /* A let go of the pipe */
+	unsigned end : 1;    /* P: the broker side ended */
+	unsigned kick : 1;   /* P: the broker side has room again */
+	unsigned unfull : 1; /* A: the session read again after its input was full */
+	/* A only */
+	struct transport *tr; /* the session's broker leg (a pipe) */
+	struct session *s;
+	/* P only */
+	struct pool_att *att;
+	unsigned released : 1; /* P's reference given up */
+	/* read by A, written by P */
+	int64_t conn_id; /* atomic: the broker connection (0: none yet) */
+	int at;          /* atomic: its broker address */
+	int a_full;      /* atomic: written by A, the session's input is full */
+	/* set by A before the first post */
+	uint64_t session_id;
+	struct rules_pool cfg;
+	struct upstream_list upstreams;
+};
+
+/* A client session's end of the pool, on the pool's home worker. */
 struct pool_att {
-	struct session *s;      /* its session: it owns the pipe, so it outlives a */
+	struct pool_xfer *x;
+	uint64_t session_id;
 	struct pool *pool;
 	struct pool_conn *conn; /* bound (ATT_TUNE on), or authenticating */
-	struct transport *tr;   /* the session's broker leg (a pipe) */
+	struct evbuffer *up;    /* the session's frames, taken from x->up */
+	struct evbuffer *down;  /* frames for the session, handed to x->down */
 	struct list node;       /* in conn->atts or pool->waiting */
 	enum pool_att_phase phase;
 	uint16_t *map;    /* client channel N -> broker channel M (0: none) */
@@ -116,16 +153,21 @@ struct pool_queue {
 	char name[256];
 };
 
-/* Per worker, per (vhost, user). */
+/* Per (vhost, user), for every worker, kept on its home worker: what is
+ * not marked otherwise is touched on the home worker only. */
 struct pool {
-	struct worker *w;
+	struct pool *next; /* the registry (under its lock) */
+	struct list homed; /* in its home worker's list */
 	char vhost[128], user[128];
+	struct worker *home;
+	int refs; /* under the registry's lock: clients attached or attaching */
 	struct rules_pool cfg;
 	struct upstream_list upstreams;
 	struct list conns, waiting;
-	struct list node;
+	unsigned nconns; /* counted against cfg.max_connections */
 	struct event *wait_timer;
-	struct pool_key *key;
+	uint8_t hash[POOL_HASH_LEN]; /* of the password the broker last accepted */
+	time_t trusted_until;
 };
 
 /* pool.c */
@@ -137,12 +179,11 @@ void pool_conn_gone(struct pool_conn *c);
 void pool_bind(struct pool_att *a, struct pool_conn *c);
 void pool_att_close(struct pool_att *a, uint16_t code, const char *text);
 void pool_feed(struct pool_att *a);
-int pool_key_trust(struct pool *p, const uint8_t *hash);
-void pool_key_count(struct pool *p, int delta);
-int pool_key_room(struct pool *p);
 void pool_channels_add(int delta);
+void pool_att_kick(struct pool_att *a);
+void pool_att_end(struct pool_att *a);
+void pool_conns_add(struct pool *p, int delta);
 void pool_retry_waiting(struct pool *p);
-extern const struct transport_pipe_ops pool_pipe_ops;
 
 /* pool_conn.c */
 struct pool_conn *pool_conn_new(struct pool *p, struct pool_att *auth, int check);

@@ -59,8 +59,7 @@ static void pool_mux_refuse(struct pool_att *a, uint16_t n, uint16_t code, const
 		pool_conn_orphan(a->conn, a->map[n]);
 	a->map[n] = 0;
 	a->refused[n] = 1;
-	method_write_channel_close(transport_input(a->tr), n, code, text, fi->class_id,
-				   fi->method_id);
+	method_write_channel_close(a->down, n, code, text, fi->class_id, fi->method_id);
 	pool_feed(a);
 }
 
@@ -116,7 +115,7 @@ static int pool_mux_queue_of(amqp_method_number_t id, void *m, amqp_bytes_t *q, 
 static int pool_mux_queue(struct pool_att *a, struct pool_slot *sl, uint16_t n,
 			  struct evbuffer *out, const struct frame_info *fi)
 {
-	struct worker *w = a->pool->w;
+	struct worker *w = a->pool->home;
 	amqp_method_number_t id;
 	void *m;
 	amqp_bytes_t q;
@@ -194,7 +193,6 @@ static void pool_mux_move(struct pool_att *a, struct evbuffer *out, const struct
 	p[1] = (uint8_t)(m >> 8);
 	p[2] = (uint8_t)m;
 	evbuffer_remove_buffer(out, pool_conn_out(a->conn), len);
-	transport_pipe_count(a->tr, 0, len);
 	a->conn->last_out = time(NULL);
 }
 
@@ -225,7 +223,7 @@ static int pool_mux_channel(struct pool_att *a, struct evbuffer *out,
 	m = a->map[n];
 	if (method && id == AMQP_CHANNEL_OPEN_METHOD) {
 		if (m) {
-			STATS_INC(&a->pool->w->stats, pool_refused_client_error);
+			STATS_INC(&a->pool->home->stats, pool_refused_client_error);
 			pool_att_close(a, REPLY_CHANNEL_ERROR,
 				       "CHANNEL_ERROR - second 'channel.open' seen");
 			evbuffer_drain(out, len);
@@ -246,7 +244,7 @@ static int pool_mux_channel(struct pool_att *a, struct evbuffer *out,
 	}
 	if (m == 0) {
 		/* The broker would close the whole connection for it. */
-		STATS_INC(&a->pool->w->stats, pool_refused_client_error);
+		STATS_INC(&a->pool->home->stats, pool_refused_client_error);
 		pool_att_close(a, REPLY_CHANNEL_ERROR,
 			       "CHANNEL_ERROR - expected 'channel.open'");
 		evbuffer_drain(out, len);
@@ -292,7 +290,7 @@ static void pool_mux_connection(struct pool_att *a, struct evbuffer *out,
 	case AMQP_CONNECTION_CLOSE_METHOD:
 		/* The client leaves: answered here; its channels are closed
 		 * at the broker when its session lets go of the leg. */
-		method_write(transport_input(a->tr), 0, AMQP_CONNECTION_CLOSE_OK_METHOD,
+		method_write(a->down, 0, AMQP_CONNECTION_CLOSE_OK_METHOD,
 			     &(amqp_connection_close_ok_t){0});
 		a->phase = ATT_CLOSING;
 		pool_feed(a);
@@ -300,14 +298,14 @@ static void pool_mux_connection(struct pool_att *a, struct evbuffer *out,
 	case AMQP_CONNECTION_CLOSE_OK_METHOD:
 		break;
 	case METHOD_ID(10, 70): /* connection.update-secret */
-		STATS_INC(&a->pool->w->stats, pool_refused_client_error);
+		STATS_INC(&a->pool->home->stats, pool_refused_client_error);
 		pool_att_close(a, REPLY_NOT_ALLOWED,
 			       "NOT_ALLOWED - connection.update-secret is refused on a pooled "
 			       "connection: it would change the secret of a broker connection "
 			       "other clients share");
 		break;
 	default:
-		STATS_INC(&a->pool->w->stats, pool_refused_client_error);
+		STATS_INC(&a->pool->home->stats, pool_refused_client_error);
 		pool_att_close(a, REPLY_COMMAND_INVALID,
 			       "COMMAND_INVALID - connection method not allowed here");
 		break;
@@ -319,7 +317,7 @@ static int pool_mux_handshake(struct pool_att *a, struct evbuffer *out,
 			      const struct frame_info *fi)
 {
 	amqp_method_number_t id = METHOD_ID(fi->class_id, fi->method_id);
-	struct worker *w = a->pool->w;
+	struct worker *w = a->pool->home;
 	size_t len = frame_scan_wire_len(fi);
 	void *m;
 
@@ -351,7 +349,7 @@ static int pool_mux_handshake(struct pool_att *a, struct evbuffer *out,
 
 		evbuffer_drain(out, len);
 		a->phase = ATT_OPEN;
-		method_write(transport_input(a->tr), 0, AMQP_CONNECTION_OPEN_OK_METHOD, &ok);
+		method_write(a->down, 0, AMQP_CONNECTION_OPEN_OK_METHOD, &ok);
 		pool_feed(a);
 		return 0;
 	}
@@ -364,7 +362,7 @@ static int pool_mux_handshake(struct pool_att *a, struct evbuffer *out,
 void pool_mux_output(void *arg)
 {
 	struct pool_att *a = arg;
-	struct evbuffer *out = transport_output(a->tr);
+	struct evbuffer *out = a->up;
 	uint32_t max;
 	struct frame_info fi;
 

@@ -663,17 +663,16 @@ void session_describe(struct session *s, struct evbuffer *out)
 	pooled = s->upstream.tr ? pool_conn_id(s->upstream.tr) : -1;
 	if (pooled >= 0)
 		evbuffer_add_printf(out, ", \"pool_connection\": %lld", (long long)pooled);
-	evbuffer_add_printf(out,
-			    ", \"state\": \"%s\", \"channels\": %u, \"broker\": \"%s\", "
-			    "\"bytes_from_client\": %llu, \"bytes_to_client\": %llu, "
-			    "\"bytes_to_broker\": %llu, \"bytes_from_broker\": %llu, "
-			    "\"age_s\": %lld, \"worker\": %d}",
-			    states[s->state], s->nopen,
-			    s->upstream.tr && s->upstream_at >= 0 ? upstream_node(s->upstream_at)->name
-								  : "",
-			    (unsigned long long)cin, (unsigned long long)cout,
-			    (unsigned long long)bout, (unsigned long long)bin,
-			    (long long)(time(NULL) - s->opened), s->w->index);
+	evbuffer_add_printf(
+	    out,
+	    ", \"state\": \"%s\", \"channels\": %u, \"broker\": \"%s\", "
+	    "\"bytes_from_client\": %llu, \"bytes_to_client\": %llu, "
+	    "\"bytes_to_broker\": %llu, \"bytes_from_broker\": %llu, "
+	    "\"age_s\": %lld, \"worker\": %d}",
+	    states[s->state], s->nopen,
+	    s->upstream.tr && s->upstream_at >= 0 ? upstream_node(s->upstream_at)->name : "",
+	    (unsigned long long)cin, (unsigned long long)cout, (unsigned long long)bout,
+	    (unsigned long long)bin, (long long)(time(NULL) - s->opened), s->w->index);
 }
 
 void session_rules_changed(struct session *s)

@@ -212,7 +212,7 @@ def test_one_client_error_leaves_the_other(pooled):
     # A broken frame from a third client: its own 501.
     c, f = raw_open(pooled.port, VHOST_ONE)
     c.send(w.frame(1, 0, b"\x00\x0a", end=0x00))
-    frames = c.read_until_eof()
+    frames, _ = c.read_until_eof()
     closes = [x for x in frames if x.method == w.CONNECTION_CLOSE]
     assert closes and w.parse_connection_close(closes[0].args)["reply_code"] == 501
     bch.basic_publish("", q, b"after")
@@ -298,9 +298,9 @@ def queue_exists(name, vhost):
 
 def test_connections_show_the_pooled_connection(pooled):
     c = connect(pooled.port, VHOST_ONE)
-    rows = json.loads(admin_get(pooled, "/connections"))["connections"]
+    rows = json.loads(admin_get(pooled, "/connections"))["rows"]
     mine = [r for r in rows if r["vhost"] == VHOST_ONE and r["state"] == "open"]
-    assert mine and all(r["pool_connection"] > 0 for r in mine), mine
+    assert mine and all(r["pool_connection"] > 0 and r["broker"] for r in mine), mine
     assert metric(pooled, "acemq_proxy_pool_channels") >= 0
     c.close()
 
