@@ -182,6 +182,51 @@ static int pool_mux_publish_ready(struct pool_att *a, struct evbuffer *out,
 	return 1;
 }
 
+/* Methods the broker answers by closing the whole connection (540
+ * NOT_IMPLEMENTED in RabbitMQ 3.x and 4.x): the client alone is closed,
+ * with the broker's words. 1 when fi is one. */
+static int pool_mux_fatal(struct pool_att *a, struct evbuffer *out, const struct frame_info *fi)
+{
+	amqp_method_number_t id = METHOD_ID(fi->class_id, fi->method_id);
+	const uint8_t *p;
+	const char *why = NULL;
+	size_t at;
+
+	if (id != AMQP_CHANNEL_FLOW_METHOD && id != AMQP_BASIC_QOS_METHOD &&
+	    id != AMQP_BASIC_PUBLISH_METHOD)
+		return 0;
+	p = evbuffer_pullup(out, (ev_ssize_t)frame_scan_wire_len(fi));
+	if (p == NULL)
+		return 0;
+	p += 7 + 4; /* the frame's header, class and method */
+	switch (id) {
+	case AMQP_CHANNEL_FLOW_METHOD:
+		if (fi->size >= 5 && !(p[0] & 1))
+			why = "NOT_IMPLEMENTED - active=false";
+		break;
+	case AMQP_BASIC_QOS_METHOD:
+		if (fi->size >= 8 && (p[0] | p[1] | p[2] | p[3]))
+			why = "NOT_IMPLEMENTED - prefetch_size!=0";
+		break;
+	default: /* basic.publish: ticket, exchange, routing key, bits */
+		at = 2;
+		if (at < (size_t)fi->size - 4)
+			at += 1u + p[at];
+		if (at < (size_t)fi->size - 4)
+			at += 1u + p[at];
+		if (at < (size_t)fi->size - 4 && (p[at] & 2))
+			why = "NOT_IMPLEMENTED - immediate=true";
+		break;
+	}
+	if (why == NULL)
+		return 0;
+	STATS_INC(&a->pool->home->stats, pool_refused_client_error);
+	method_write_connection_close(a->down, 540, why, fi->class_id, fi->method_id);
+	a->phase = ATT_CLOSING;
+	pool_feed(a);
+	return 1;
+}
+
 /* Move the frame at the front of out to the broker as channel m. */
 static void pool_mux_move(struct pool_att *a, struct evbuffer *out, const struct frame_info *fi,
 			  uint16_t m)
@@ -258,6 +303,9 @@ static int pool_mux_channel(struct pool_att *a, struct evbuffer *out,
 				evbuffer_drain(out, len);
 				return 0;
 			}
+		} else if (pool_mux_fatal(a, out, fi)) {
+			evbuffer_drain(out, len);
+			return 0;
 		} else if (id == AMQP_BASIC_PUBLISH_METHOD) {
 			if (!pool_mux_publish_ready(a, out, fi, &body))
 				return 1;

@@ -560,6 +560,17 @@ struct transport *transport_pending(struct event_base *base, evutil_socket_t fd)
 	return t;
 }
 
+struct transport *transport_connecting_fd(struct event_base *base, evutil_socket_t fd)
+{
+	struct transport *t = transport_pending(base, fd);
+
+	if (t) {
+		t->write_waiting = 1;
+		event_add(t->wev, NULL);
+	}
+	return t;
+}
+
 int transport_connecting(const struct transport *t)
 {
 	return t->connecting;

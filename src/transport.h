@@ -33,6 +33,10 @@ struct transport *transport_connect(struct event_base *base, const struct sockad
  * (err 0: connected); a seam for tests that script the broker leg. */
 struct transport *transport_pending(struct event_base *base, evutil_socket_t fd);
 void transport_connect_done(struct transport *t, int err);
+/* A transport on a socket whose connect is under way or done: connected
+ * once the socket is writable, as with transport_connect (a seam for
+ * tests whose broker is a socketpair). */
+struct transport *transport_connecting_fd(struct event_base *base, evutil_socket_t fd);
 int transport_connecting(const struct transport *t);
 /* For tests: deliver a read timeout (TRANSPORT_TIMEOUT, if one is set) or a
  * failure (TRANSPORT_EOF / TRANSPORT_ERROR with err) as if it happened. */

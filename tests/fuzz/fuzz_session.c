@@ -21,6 +21,7 @@
 #include "src/log.h"
 #include "src/patterns/dedup_publish.h"
 #include "src/patterns/idempotency.h"
+#include "src/pool.h"
 #include "src/rules.h"
 #include "src/session.h"
 #include "src/store/state.h"
@@ -45,20 +46,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 /* The script's operations; an input is a sequence of them. */
 enum fuzz_op {
-	OP_CLIENT_RAW,    /* n, bytes: raw bytes from the client */
-	OP_BROKER_RAW,    /* n, bytes: raw bytes from the broker */
-	OP_CONNECT_OK,    /* the broker leg's connect completes */
-	OP_CONNECT_FAIL,  /* it fails (connection refused) */
-	OP_TIMER,         /* the session's timer fires */
-	OP_CLIENT_CLOSE,  /* the client closes its socket */
-	OP_CLIENT_SHUT,   /* the client half-closes (shutdown write) */
-	OP_BROKER_CLOSE,  /* the broker closes its socket */
-	OP_RELOAD,        /* p: a rules reload (every pattern, none, or brokers of "/"'s own) */
-	OP_CLIENT_SILENT, /* the client leg's read timeout fires */
-	OP_BROKER_SILENT, /* the broker leg's read timeout fires */
-	OP_CLIENT_FRAME,  /* k, p: a well-formed client frame */
-	OP_BROKER_FRAME,  /* k, p: a well-formed broker frame */
-	OP_AUTO_BROKER,   /* the scripted broker answers (toggle) */
+	OP_CLIENT_RAW,   /* n, bytes: raw bytes from the client */
+	OP_BROKER_RAW,   /* n, bytes: raw bytes from the broker */
+	OP_CONNECT_OK,   /* the broker leg's connect completes */
+	OP_CONNECT_FAIL, /* it fails (connection refused) */
+	OP_TIMER,        /* the session's timer fires */
+	OP_CLIENT_CLOSE, /* the client closes its socket */
+	OP_CLIENT_SHUT,  /* the client half-closes (shutdown write) */
+	OP_BROKER_CLOSE, /* the broker closes its socket */
+	OP_RELOAD, /* p: a rules reload (every pattern, none, brokers of "/"'s own, pooled) */
+	OP_CLIENT_SILENT,  /* the client leg's read timeout fires */
+	OP_BROKER_SILENT,  /* the broker leg's read timeout fires */
+	OP_CLIENT_FRAME,   /* k, p: a well-formed client frame */
+	OP_BROKER_FRAME,   /* k, p: a well-formed broker frame */
+	OP_AUTO_BROKER,    /* the scripted broker answers (toggle) */
 	OP_CLIENT_READING, /* the client stops or resumes reading (toggle) */
 	OP_SHUTDOWN,       /* the worker closes the session (drain deadline) */
 	OP_BROKER_ERROR,   /* the broker leg's socket fails (ECONNRESET) */
@@ -68,7 +69,7 @@ enum fuzz_op {
 struct fuzz {
 	int ready;
 	struct worker w;
-	struct rules *rules[3];
+	struct rules *rules[4];
 	int client_fd, broker_fd; /* the peers' ends */
 	int connect_refuse;       /* the next connect fails at once */
 	int auto_broker, client_reading;
@@ -86,6 +87,8 @@ static void fuzz_nonblock(int fd)
 	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
 }
 
+static int fuzz_pooled(void);
+
 static struct transport *fuzz_connect(struct event_base *base, const struct sockaddr *sa,
 				      int salen)
 {
@@ -98,7 +101,10 @@ static struct transport *fuzz_connect(struct event_base *base, const struct sock
 	}
 	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0)
 		return NULL;
-	t = transport_pending(base, sv[0]);
+	/* A pooled session's broker connection belongs to its pool: it
+	 * connects by itself (the script's connect ops are the session's). */
+	t = fuzz_pooled() ? transport_connecting_fd(base, sv[0])
+			  : transport_pending(base, sv[0]);
 	if (t == NULL) {
 		close(sv[0]);
 		close(sv[1]);
@@ -218,9 +224,23 @@ static void fuzz_init(void)
 	/* Brokers of the vhost's own: the proxy greets clients itself. */
 	fz.rules[2] = fuzz_rules("{\"vhost\": \"/\", \"reply_to\": {\"enabled\": true}, "
 				 "\"upstream\": [\"127.0.0.1:5672\", \"127.0.0.1:5673\"]}");
+	/* Pooled: the session's broker leg is a pipe to a pool whose broker
+	 * connection is the scripted broker. */
+	fz.rules[3] = fuzz_rules("{\"vhost\": \"/\", \"reply_to\": {\"enabled\": true}, "
+				 "\"pool\": {\"max_connections\": 1, \"idle_s\": 0}}");
 	worker_set_rules(&fz.w, fz.rules[0]); /* in force from the first loop turn */
 	fz.from_proxy = evbuffer_new();
 	fz.ready = 1;
+}
+
+static struct session *fuzz_session(void);
+
+/* Whether the session under test rides on a pool. */
+static int fuzz_pooled(void)
+{
+	struct session *s = fuzz_session();
+
+	return s && s->upstream.tr && pool_conn_id(s->upstream.tr) >= 0;
 }
 
 /* The session under test while it lives (the worker's list holds it
@@ -684,7 +704,7 @@ static void fuzz_op(const uint8_t *d, size_t len, size_t *at)
 		break;
 	case OP_RELOAD:
 		(*at)++;
-		worker_set_rules(&fz.w, fz.rules[a % 3]);
+		worker_set_rules(&fz.w, fz.rules[a % 4]);
 		break;
 	case OP_CLIENT_SILENT:
 		if (s && s->client.tr)
@@ -728,6 +748,7 @@ static void fuzz_op(const uint8_t *d, size_t len, size_t *at)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	struct sockaddr_in peer = {.sin_family = AF_INET, .sin_port = htons(40000)};
+	struct pool_gauges pg;
 	int sv[2], i;
 	size_t at = 0;
 
@@ -773,9 +794,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			event_active(s->timer, EV_TIMEOUT, 1);
 		fuzz_run();
 	}
-	if (fuzz_session() != NULL || fz.w.nsessions != 0 || limits_connections_open() != 0) {
-		fprintf(stderr, "fuzz_session: the session outlived both peers (state %d)\n",
-			fuzz_session() ? (int)fuzz_session()->state : -1);
+	pool_gauges(&pg);
+	if (fuzz_session() != NULL || fz.w.nsessions != 0 || limits_connections_open() != 0 ||
+	    pg.connections != 0 || pg.waiting != 0) {
+		fprintf(
+		    stderr,
+		    "fuzz_session: the session outlived both peers (state %d), or its pool's "
+		    "connections (%lu) or waiting clients (%lu) did\n",
+		    fuzz_session() ? (int)fuzz_session()->state : -1, pg.connections,
+		    pg.waiting);
 		abort();
 	}
 	return 0;

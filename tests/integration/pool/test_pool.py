@@ -222,6 +222,20 @@ def test_one_client_error_leaves_the_other(pooled):
     assert broker_connections(VHOST_ONE) <= 1
 
 
+def test_flow_off_closes_only_its_client(pooled):
+    """channel.flow(active=false) is answered by RabbitMQ with 540 on the
+    whole connection: through the pool, only the client that sent it."""
+    b = connect(pooled.port, VHOST_ONE)
+    bch = b.channel()
+    a = connect(pooled.port, VHOST_ONE)
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as e:
+        a.channel().flow(False)
+    assert e.value.reply_code == 540
+    bch.queue_declare("", exclusive=True)
+    assert b.is_open
+    b.close()
+
+
 def test_update_secret_refused(pooled):
     a, f = raw_open(pooled.port, VHOST_ONE)
     assert f.method == w.CONNECTION_OPEN_OK
