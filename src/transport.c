@@ -53,17 +53,6 @@ struct transport {
 static void transport_ready(struct transport *t);
 static void transport_write(struct transport *t);
 
-/* A pipe whose peer has gone: what the owner writes is dropped. */
-static void transport_pipe_drop(void *arg)
-{
-	struct transport *t = arg;
-
-	evbuffer_drain(t->out, evbuffer_get_length(t->out));
-}
-
-static const struct transport_pipe_ops transport_pipe_orphan = {
-    .output = transport_pipe_drop,
-};
 
 static void transport_arm_read(struct transport *t)
 {
@@ -465,7 +454,10 @@ static void transport_write_ev(evutil_socket_t fd, short what, void *arg)
 		}
 		if (before == 0)
 			return;
-		t->pipe->output(t->pipe_arg); /* takes what its peer can */
+		if (t->pipe_end) /* its peer is gone: dropped */
+			evbuffer_drain(t->out, before);
+		else
+			t->pipe->output(t->pipe_arg); /* takes what its peer can */
 		if (evbuffer_get_length(t->out) <= t->write_low && before > t->write_low &&
 		    t->drained_cb)
 			t->drained_cb(t, t->arg); /* may free t */
@@ -699,7 +691,7 @@ void transport_input_consumed(struct transport *t)
 	if (t->full && (!t->read_high || evbuffer_get_length(t->in) < t->read_high)) {
 		t->full = 0;
 		transport_arm_read(t);
-		if (t->pipe && t->pipe->consumed)
+		if (t->pipe && !t->pipe_end && t->pipe->consumed)
 			t->pipe->consumed(t->pipe_arg);
 	}
 }
@@ -751,8 +743,6 @@ void transport_pipe_end(struct transport *t, int what, int err)
 		return;
 	t->pipe_end = what;
 	t->pipe_end_err = err;
-	t->pipe = &transport_pipe_orphan;
-	t->pipe_arg = t;
 	event_active(t->rev, EV_READ, 1);
 }
 

@@ -93,7 +93,7 @@ int transport_pipe_full(const struct transport *t);
 void transport_pipe_kick(struct transport *t);
 /* The peer has gone: the owner reads what is left, then hears the end
  * (TRANSPORT_EOF, or TRANSPORT_ERROR with err); output is dropped from
- * here on and the ops are no longer called. */
+ * here on, and of the ops only gone is still called. */
 void transport_pipe_end(struct transport *t, int what, int err);
 /* The peer's arg when t is a pipe with these ops, else NULL. */
 void *transport_pipe_peer(const struct transport *t, const struct transport_pipe_ops *ops);

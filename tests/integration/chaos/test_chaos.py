@@ -36,11 +36,17 @@ CHAOS_THREADS = 12
 CHAOS_QUEUE = "acemq-chaos-%d-%d" % (SEED, os.getpid())
 PUBLISHERS = 3
 CONSUMERS = 2
+# A pooled vhost: chaos clients on it share broker connections with the
+# last publisher and consumer, who must see no error either.
+POOL_VHOST = "acemq-chaos-pool"
 
 START_OK = wire.method_frame(0, wire.CONNECTION_START_OK, wire.table({}) + wire.shortstr("PLAIN")
                              + wire.longstr(b"\x00guest\x00guest") + wire.shortstr("en_US"))
 TUNE_OK = wire.method_frame(0, wire.CONNECTION_TUNE_OK, struct.pack(">HIH", 2047, 131072, 0))
-OPEN = wire.method_frame(0, wire.CONNECTION_OPEN, wire.shortstr("/") + wire.shortstr("") + b"\x00")
+
+
+def open_frame(vhost):
+    return wire.method_frame(0, wire.CONNECTION_OPEN, wire.shortstr(vhost) + wire.shortstr("") + b"\x00")
 CLOSE = wire.method_frame(0, wire.CONNECTION_CLOSE, struct.pack(">H", 200) + wire.shortstr("bye")
                           + struct.pack(">HH", 0, 0))
 
@@ -68,7 +74,7 @@ def proc_rss_kb(pid, field="RssAnon"):
 def session_script(rng):
     """The bytes of a whole, valid client session, pipelined."""
     ch = 1 + rng.randrange(3)
-    out = wire.PROTOCOL_HEADER + START_OK + TUNE_OK + OPEN
+    out = wire.PROTOCOL_HEADER + START_OK + TUNE_OK + open_frame(rng.choice(["/", POOL_VHOST]))
     out += wire.method_frame(ch, wire.CHANNEL_OPEN, wire.shortstr(""))
     if rng.random() < 0.5:
         out += wire.method_frame(ch, wire.CONFIRM_SELECT, b"\x00")
@@ -152,7 +158,7 @@ class Chaos(object):
     def bad_frame_after_tune(self):
         c = wire.RawClient(self.port, timeout=5)
         try:
-            c.handshake()
+            c.handshake(vhost=self.rng.choice(["/", POOL_VHOST]))
             if self.rng.random() < 0.7:
                 c.channel_open(1)
             c.send(self.rng.choice(BAD_FRAMES))
@@ -192,6 +198,10 @@ def make_body(rng, i):
 def test_chaos():
     print("chaos seed: %d (ACEMQ_CHAOS_SEED=%d reproduces), %.0f s" % (SEED, SEED, SECONDS))
     rules = tempfile.mkdtemp(prefix="acemq-chaos-rules-")
+    support.rabbitmqctl("add_vhost", POOL_VHOST, check=False)
+    support.rabbitmqctl("set_permissions", "-p", POOL_VHOST, "guest", ".*", ".*", ".*")
+    with open(os.path.join(rules, "pool.json"), "w") as f:
+        f.write('{"vhost": "%s", "pool": {"max_connections": 2}}' % POOL_VHOST)
     with open(os.path.join(rules, "root.json"), "w") as f:
         # reply_to rewrites, and the claim check sends the good clients'
         # larger bodies through the store and back: the asynchronous
@@ -242,15 +252,18 @@ def test_chaos():
 
 
 def _run(proc, port, admin, rules):
-    params = pika.ConnectionParameters("127.0.0.1", port, heartbeat=30, blocked_connection_timeout=60)
+    root = pika.ConnectionParameters("127.0.0.1", port, heartbeat=30, blocked_connection_timeout=60)
+    pooled = pika.ConnectionParameters("127.0.0.1", port, POOL_VHOST, heartbeat=30,
+                                       blocked_connection_timeout=60)
     queue = CHAOS_QUEUE
 
-    # Warm up (one full client), then take the baseline.
-    conn = pika.BlockingConnection(params)
-    ch = conn.channel()
-    ch.queue_declare(queue, auto_delete=False)
-    ch.queue_purge(queue)
-    conn.close()
+    # Warm up (one full client each), then take the baseline.
+    for params in (root, pooled):
+        conn = pika.BlockingConnection(params)
+        ch = conn.channel()
+        ch.queue_declare(queue, auto_delete=False)
+        ch.queue_purge(queue)
+        conn.close()
     time.sleep(0.5)
     fds0, rss0 = proc_fds(proc.pid), proc_rss_kb(proc.pid)
 
@@ -263,13 +276,14 @@ def _run(proc, port, admin, rules):
 
     def publisher(idx):
         rng = random.Random(SEED * 1000 + idx)
+        params = pooled if idx == PUBLISHERS - 1 else root
         try:
             c = pika.BlockingConnection(params)
             pch = c.channel()
             pch.confirm_delivery()
             i = 0
             while time.monotonic() < stop_at:
-                mid = "p%d-%d" % (idx, i)
+                mid = "%sp%d-%d" % ("pool-" if params is pooled else "", idx, i)
                 body = make_body(rng, idx * 1000000 + i)
                 pch.basic_publish("", queue, body, pika.BasicProperties(
                     message_id=mid, headers={"sha256": hashlib.sha256(body).hexdigest()}),
@@ -282,6 +296,7 @@ def _run(proc, port, admin, rules):
             errors.append("publisher %d: %r" % (idx, e))
 
     def consumer(idx):
+        params = pooled if idx == CONSUMERS - 1 else root
         try:
             c = pika.BlockingConnection(params)
             cch = c.channel()
@@ -347,7 +362,10 @@ def _run(proc, port, admin, rules):
           "claimed:", st["idem_claimed"], "rules reloads (greeting on, off):", reloads[0])
     assert st["claims_offloaded"] > 0 and st["claims_rehydrated"] > 0
     assert reloads[0] >= 2 and st["rules_reloads"] >= reloads[0] - 1, (reloads, st["rules_reloads"])
-    assert st["idem_claimed"] >= len(sent) and st["idem_duplicate"] == 0
+    root_sent = [k for k in sent if not k.startswith("pool-")]
+    assert len(root_sent) > 0 and len(sent) > len(root_sent), "both vhosts carried messages"
+    assert st["idem_claimed"] >= len(root_sent) and st["idem_duplicate"] == 0
+    assert st["pool_connections"] <= 2
     assert not errors, "well-behaved clients saw errors: %s" % errors
     assert sum(counts.values()) > 100
     assert len(sent) > 0
