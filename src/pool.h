@@ -15,6 +15,8 @@ struct session;
 struct rules_vhost;
 struct evbuffer;
 struct transport;
+struct event_base;
+struct sockaddr;
 
 /* The session's broker leg becomes a pipe to its vhost's pool (the
  * greeting goes on as if a broker answered). 0, or -1 (out of memory). */
@@ -24,6 +26,10 @@ int pool_dial(struct session *s, const struct rules_vhost *v);
 int64_t pool_conn_id(struct transport *tr);
 /* On a worker's thread as it ends: its pools' connections are closed. */
 void pool_worker_fini(void);
+/* A seam for tests: how a pooled broker connection connects (NULL: as
+ * the sessions' broker legs do). */
+extern struct transport *(*pool_connect)(struct event_base *base, const struct sockaddr *sa,
+					 int salen);
 /* Gauges for /metrics and /stats: connections, channels in use, clients
  * waiting, over every worker. */
 struct pool_gauges {

@@ -28,6 +28,9 @@
 static const uint8_t pool_conn_header[8] = {'A', 'M', 'Q', 'P', 0, 0, 9, 1};
 static uint64_t pool_conn_ids; /* atomic */
 
+struct transport *(*pool_connect)(struct event_base *base, const struct sockaddr *sa,
+				  int salen);
+
 static void pool_conn_read(struct transport *tr, void *arg);
 static void pool_conn_drained(struct transport *tr, void *arg);
 static void pool_conn_event(struct transport *tr, int what, int err, void *arg);
@@ -52,7 +55,9 @@ int pool_conn_room(const struct pool_conn *c)
 static int pool_conn_dial(struct pool_conn *c)
 {
 	struct transport *(*connect)(struct event_base *, const struct sockaddr *, int) =
-	    worker_settings.connect ? worker_settings.connect : transport_connect;
+	    pool_connect              ? pool_connect
+	    : worker_settings.connect ? worker_settings.connect
+				      : transport_connect;
 	struct pool *p = c->pool;
 	const struct upstream_node *n;
 	int i;
@@ -193,8 +198,18 @@ void pool_conn_free_slot(struct pool_conn *c, uint16_t m)
 		pool_retry_waiting(c->pool);
 }
 
-/* Its client is gone or gave it up: closed at the broker, freed once the
- * broker says so. */
+/* Freed once both sides' closes are answered (POOL_CLOSE_*). */
+void pool_conn_settle(struct pool_conn *c, uint16_t m)
+{
+	uint8_t k = c->slots[m].closing;
+
+	if ((k & (POOL_CLOSE_SENT | POOL_CLOSE_GOT)) && !(k & POOL_CLOSE_GOT) &&
+	    (!(k & POOL_CLOSE_SENT) || (k & POOL_CLOSE_DONE)))
+		pool_conn_free_slot(c, m);
+}
+
+/* Its client is gone or gave it up: closed at the broker (the broker's
+ * own close answered), freed once the broker says so. */
 void pool_conn_orphan(struct pool_conn *c, uint16_t m)
 {
 	struct pool_slot *sl = &c->slots[m];
@@ -204,16 +219,17 @@ void pool_conn_orphan(struct pool_conn *c, uint16_t m)
 		sl->att->map[sl->n] = 0;
 	sl->att = NULL;
 	sl->state = SLOT_ORPHAN;
-	if (sl->closing == POOL_CLOSING_BROKER) {
-		/* The broker closed it and waits for the close-ok. */
+	if (sl->closing & POOL_CLOSE_GOT) {
 		method_write(out, m, AMQP_CHANNEL_CLOSE_OK_METHOD,
 			     &(amqp_channel_close_ok_t){0});
-		pool_conn_free_slot(c, m);
-	} else if (sl->closing != POOL_CLOSING_CLIENT) {
+		sl->closing &= (uint8_t)~POOL_CLOSE_GOT;
+	}
+	if (!(sl->closing & POOL_CLOSE_SENT)) {
 		method_write_channel_close(out, m, 200, "client gone", 0, 0);
-		sl->closing = POOL_CLOSING_CLIENT;
+		sl->closing |= POOL_CLOSE_SENT;
 	}
 	c->last_out = time(NULL);
+	pool_conn_settle(c, m);
 }
 
 /* ---- frames from the broker ------------------------------------------ */
@@ -405,11 +421,11 @@ static void pool_conn_channel(struct pool_conn *c, struct evbuffer *in,
 			method_write(transport_output(c->tr), fi->channel,
 				     AMQP_CHANNEL_CLOSE_OK_METHOD,
 				     &(amqp_channel_close_ok_t){0});
-			pool_conn_free_slot(c, fi->channel);
 		} else if (method && id == AMQP_CHANNEL_CLOSE_OK_METHOD) {
-			pool_conn_free_slot(c, fi->channel);
+			sl->closing |= POOL_CLOSE_DONE;
 		}
 		evbuffer_drain(in, len);
+		pool_conn_settle(c, fi->channel);
 		return;
 	}
 	a = sl->att;
@@ -419,7 +435,7 @@ static void pool_conn_channel(struct pool_conn *c, struct evbuffer *in,
 		else if (id == AMQP_QUEUE_DECLARE_OK_METHOD && sl->exclusive_pending)
 			pool_conn_exclusive(c, sl, in, fi);
 		else if (id == AMQP_CHANNEL_CLOSE_METHOD)
-			sl->closing = POOL_CLOSING_BROKER;
+			sl->closing |= POOL_CLOSE_GOT;
 		else if (id == AMQP_CHANNEL_CLOSE_OK_METHOD)
 			freed = 1;
 	}
@@ -432,8 +448,10 @@ static void pool_conn_channel(struct pool_conn *c, struct evbuffer *in,
 	p[2] = (uint8_t)sl->n;
 	evbuffer_remove_buffer(in, a->down, len);
 	pool_feed(a);
-	if (freed)
-		pool_conn_free_slot(c, fi->channel);
+	if (freed) {
+		sl->closing |= POOL_CLOSE_DONE;
+		pool_conn_settle(c, fi->channel);
+	}
 }
 
 static void pool_conn_read(struct transport *tr, void *arg)
@@ -483,13 +501,16 @@ void pool_conn_kick(struct pool_conn *c)
 	}
 }
 
+/* The broker took what was queued: clients' frames that waited for room
+ * move on. */
 static void pool_conn_drained(struct transport *tr, void *arg)
 {
 	struct pool_conn *c = arg;
 	struct pool_att *a;
 
-	list_for_each_entry (a, &c->atts, node)
-		pool_att_kick(a);
+	list_for_each_entry_safe (a, &c->atts, node)
+		if (evbuffer_get_length(a->up))
+			pool_mux_output(a);
 }
 
 static void pool_conn_event(struct transport *tr, int what, int err, void *arg)

@@ -33,12 +33,16 @@ struct pool_slot {
 	uint16_t n;           /* the client's number for it */
 	uint8_t state;
 	uint8_t exclusive_pending; /* a queue.declare exclusive is out on it */
-	uint8_t closing;           /* POOL_CLOSING_*: a channel.close is out */
+	uint8_t closing;           /* POOL_CLOSE_* bits */
 	uint64_t content_left;     /* body bytes of a publish still to come */
 };
 
-#define POOL_CLOSING_CLIENT 1 /* sent to the broker: its close-ok frees it */
-#define POOL_CLOSING_BROKER 2 /* from the broker: it waits for the close-ok */
+/* A broker channel is free again once every channel.close on it, from
+ * either side, has had its close-ok (pool_conn_settle): never before, or a
+ * late close-ok would reach the next client given the number. */
+#define POOL_CLOSE_SENT 1 /* a channel.close went to the broker */
+#define POOL_CLOSE_DONE 2 /* and the broker's close-ok came */
+#define POOL_CLOSE_GOT  4 /* the broker sent channel.close: it waits for close-ok */
 
 enum pool_conn_phase {
 	CONN_CONNECTING,
@@ -188,6 +192,7 @@ void pool_retry_waiting(struct pool *p);
 /* pool_conn.c */
 struct pool_conn *pool_conn_new(struct pool *p, struct pool_att *auth, int check);
 void pool_conn_free_slot(struct pool_conn *c, uint16_t m);
+void pool_conn_settle(struct pool_conn *c, uint16_t m);
 void pool_conn_close(struct pool_conn *c, const char *why);
 void pool_conn_give_creds(struct pool_conn *c, struct pool_att *a);
 int pool_conn_slot(struct pool_conn *c, struct pool_att *a, uint16_t n);

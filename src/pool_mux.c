@@ -296,6 +296,20 @@ static int pool_mux_channel(struct pool_att *a, struct evbuffer *out,
 		return 0;
 	}
 	sl = &c->slots[m];
+	if (sl->closing & POOL_CLOSE_SENT) {
+		/* Closed towards the broker: only the close-ok it may still
+		 * owe goes; a second close or anything else would reach a
+		 * closed channel (or, once freed, the next client's). */
+		if (method && id == AMQP_CHANNEL_CLOSE_OK_METHOD &&
+		    (sl->closing & POOL_CLOSE_GOT)) {
+			pool_mux_move(a, out, fi, m);
+			sl->closing &= (uint8_t)~POOL_CLOSE_GOT;
+			pool_conn_settle(c, m);
+			return 0;
+		}
+		evbuffer_drain(out, len);
+		return 0;
+	}
 	if (method) {
 		if (fi->class_id == 50 || id == AMQP_BASIC_CONSUME_METHOD ||
 		    id == AMQP_BASIC_GET_METHOD) {
@@ -311,10 +325,18 @@ static int pool_mux_channel(struct pool_att *a, struct evbuffer *out,
 				return 1;
 			sl->content_left = body; /* the header and bodies follow at once */
 		} else if (id == AMQP_CHANNEL_CLOSE_METHOD) {
-			sl->closing = POOL_CLOSING_CLIENT;
+			sl->closing |= POOL_CLOSE_SENT;
 		} else if (id == AMQP_CHANNEL_CLOSE_OK_METHOD) {
-			pool_mux_move(a, out, fi, m);
-			pool_conn_free_slot(c, m);
+			/* Answers the broker's close, or nothing the broker
+			 * sent (a close the session made itself). */
+			if (sl->closing & POOL_CLOSE_GOT) {
+				pool_mux_move(a, out, fi, m);
+				sl->closing &= (uint8_t)~POOL_CLOSE_GOT;
+				sl->closing |= POOL_CLOSE_DONE; /* nothing more is owed */
+				pool_conn_free_slot(c, m);
+			} else {
+				evbuffer_drain(out, len);
+			}
 			return 0;
 		}
 	} else if (fi->type == FRAME_BODY) {
@@ -336,12 +358,13 @@ static void pool_mux_connection(struct pool_att *a, struct evbuffer *out,
 		return;
 	switch (id) {
 	case AMQP_CONNECTION_CLOSE_METHOD:
-		/* The client leaves: answered here; its channels are closed
-		 * at the broker when its session lets go of the leg. */
+		/* The client leaves: answered here, and the leg ends as a
+		 * broker's socket would; its channels are closed at the broker
+		 * when its session lets go of the leg. */
 		method_write(a->down, 0, AMQP_CONNECTION_CLOSE_OK_METHOD,
 			     &(amqp_connection_close_ok_t){0});
 		a->phase = ATT_CLOSING;
-		pool_feed(a);
+		pool_att_end(a);
 		break;
 	case AMQP_CONNECTION_CLOSE_OK_METHOD:
 		break;
@@ -416,6 +439,15 @@ void pool_mux_output(void *arg)
 
 	for (;;) {
 		if (a->phase == ATT_CLOSING) {
+			/* The client's close-ok for the close it was shown: the
+			 * leg ends, as a broker's socket would close. */
+			while (frame_scan_evbuffer(out, 0, 131072 - 8, &fi) == FRAME_SCAN_OK) {
+				if (fi.type == FRAME_METHOD && fi.channel == 0 &&
+				    METHOD_ID(fi.class_id, fi.method_id) ==
+					AMQP_CONNECTION_CLOSE_OK_METHOD)
+					pool_att_end(a);
+				evbuffer_drain(out, frame_scan_wire_len(&fi));
+			}
 			evbuffer_drain(out, evbuffer_get_length(out));
 			return;
 		}
@@ -468,7 +500,7 @@ void pool_mux_leave(struct pool_att *a)
 			return;
 		}
 		if (a->map[n] && !m0 && c->slots[a->map[n]].state != SLOT_FREE &&
-		    !c->slots[a->map[n]].closing)
+		    !(c->slots[a->map[n]].closing & POOL_CLOSE_SENT))
 			m0 = a->map[n];
 	}
 	if (!list_empty(&a->exclusive)) {

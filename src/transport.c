@@ -53,7 +53,6 @@ struct transport {
 static void transport_ready(struct transport *t);
 static void transport_write(struct transport *t);
 
-
 static void transport_arm_read(struct transport *t)
 {
 	int want = (t->reading || t->handshaking) && !t->full && !t->connecting && !t->dead;

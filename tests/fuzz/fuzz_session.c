@@ -73,6 +73,7 @@ struct fuzz {
 	int client_fd, broker_fd; /* the peers' ends */
 	int connect_refuse;       /* the next connect fails at once */
 	int auto_broker, client_reading;
+	int pool_connecting; /* fuzz_connect called for a pool */
 	uint64_t sid;
 	struct evbuffer *from_proxy; /* what the broker end has read */
 	uint64_t confirm_seq[8];     /* per channel (mod 8): publishes seen */
@@ -87,8 +88,6 @@ static void fuzz_nonblock(int fd)
 	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
 }
 
-static int fuzz_pooled(void);
-
 static struct transport *fuzz_connect(struct event_base *base, const struct sockaddr *sa,
 				      int salen)
 {
@@ -101,10 +100,10 @@ static struct transport *fuzz_connect(struct event_base *base, const struct sock
 	}
 	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0)
 		return NULL;
-	/* A pooled session's broker connection belongs to its pool: it
-	 * connects by itself (the script's connect ops are the session's). */
-	t = fuzz_pooled() ? transport_connecting_fd(base, sv[0])
-			  : transport_pending(base, sv[0]);
+	/* A pool's broker connection connects by itself (the script's
+	 * connect ops are the session's). */
+	t = fz.pool_connecting ? transport_connecting_fd(base, sv[0])
+			       : transport_pending(base, sv[0]);
 	if (t == NULL) {
 		close(sv[0]);
 		close(sv[1]);
@@ -114,6 +113,17 @@ static struct transport *fuzz_connect(struct event_base *base, const struct sock
 		close(fz.broker_fd);
 	fz.broker_fd = sv[1];
 	fuzz_nonblock(sv[1]);
+	return t;
+}
+
+static struct transport *fuzz_pool_connect(struct event_base *base, const struct sockaddr *sa,
+					   int salen)
+{
+	struct transport *t;
+
+	fz.pool_connecting = 1;
+	t = fuzz_connect(base, sa, salen);
+	fz.pool_connecting = 0;
 	return t;
 }
 
@@ -179,6 +189,7 @@ static void fuzz_init(void)
 	worker_settings.max_frame_pre_tune = 131072;
 	worker_settings.max_message_size = 1 << 20;
 	worker_settings.connect = fuzz_connect;
+	pool_connect = fuzz_pool_connect;
 	if (worker_init(&fz.w, 0) != 0)
 		abort();
 	/* A claim store with one payload in it, for references to find. */
@@ -231,16 +242,6 @@ static void fuzz_init(void)
 	worker_set_rules(&fz.w, fz.rules[0]); /* in force from the first loop turn */
 	fz.from_proxy = evbuffer_new();
 	fz.ready = 1;
-}
-
-static struct session *fuzz_session(void);
-
-/* Whether the session under test rides on a pool. */
-static int fuzz_pooled(void)
-{
-	struct session *s = fuzz_session();
-
-	return s && s->upstream.tr && pool_conn_id(s->upstream.tr) >= 0;
 }
 
 /* The session under test while it lives (the worker's list holds it
