@@ -13,13 +13,14 @@ from rulesproxy import Proxy
 VHOST = "acemq-pool"          # max_connections 2
 VHOST_ONE = "acemq-pool-one"  # max_connections 1: every client on one broker connection
 VHOST_TTL = "acemq-pool-ttl"  # auth_ttl_s 1
+VHOST_FULL = "acemq-pool-full"  # one broker connection of two channels
 USER = "acemq-pool-user"
 
 
 @pytest.fixture(scope="session")
 def pooled():
     support.ensure_rabbitmq(60)
-    for v in (VHOST, VHOST_ONE, VHOST_TTL):
+    for v in (VHOST, VHOST_ONE, VHOST_TTL, VHOST_FULL):
         support.rabbitmqctl("add_vhost", v, check=False)
         support.rabbitmqctl("set_permissions", "-p", v, "guest", ".*", ".*", ".*")
     top = tempfile.mkdtemp(prefix="acemq-pool-")
@@ -28,11 +29,16 @@ def pooled():
     for name, vhost, pool in (
             ("pool", VHOST, '{"max_connections": 2}'),
             ("one", VHOST_ONE, '{"max_connections": 1, "idle_s": 5}'),
-            ("ttl", VHOST_TTL, '{"max_connections": 2, "auth_ttl_s": 1}')):
+            ("ttl", VHOST_TTL, '{"max_connections": 2, "auth_ttl_s": 1}'),
+            ("full", VHOST_FULL, '{"max_connections": 1, "max_channels_per_connection": 2, '
+                                 '"idle_s": 2}')):
         with open(os.path.join(rules, name + ".json"), "w") as f:
             f.write('{"vhost": "%s", "pool": %s}' % (vhost, pool))
     admin = support.free_port()
-    p = Proxy(rules, os.path.join(top, "data"), ["--admin", "127.0.0.1:%d" % admin])
+    # Clients waiting for a full pool are refused after the handshake
+    # timeout: 3 s here.
+    p = Proxy(rules, os.path.join(top, "data"), ["--admin", "127.0.0.1:%d" % admin,
+                                                 "--handshake-timeout-ms", "3000"])
     p.admin = admin
     yield p
     rc = p.stop()

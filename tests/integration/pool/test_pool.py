@@ -17,7 +17,9 @@ import pytest
 
 import amqp_wire as w
 import support
-from conftest import USER, VHOST, VHOST_ONE, VHOST_TTL, admin_get, broker_connections, metric
+from conftest import (USER, VHOST, VHOST_FULL, VHOST_ONE, VHOST_TTL, admin_get,
+                      broker_connections, metric)
+from rulesproxy import PROXY
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 NODE_MODULES = os.path.normpath(os.path.join(HERE, "..", "node", "node_modules"))
@@ -353,3 +355,67 @@ def test_blocked_fans_out(pooled):
         assert ev[:2] == ["blocked", "unblocked"]
         conn.close()
     drain(q, VHOST_ONE)
+
+
+def test_full_pool_waits_then_refuses(pooled):
+    """max_connections 1 and two channels per connection: a client finding
+    the connection full waits, and gets in when a channel closes; one that
+    waits past the handshake timeout is refused with 530."""
+    a = connect(pooled.port, VHOST_FULL)
+    a1, a2 = a.channel(), a.channel()
+    waited = {}
+
+    def late():
+        t0 = time.monotonic()
+        try:
+            c = connect(pooled.port, VHOST_FULL)
+            waited["ok"] = time.monotonic() - t0
+            c.channel().queue_declare("", exclusive=True)
+            c.close()
+        except Exception as e:  # noqa: BLE001
+            waited["error"] = e
+
+    t = threading.Thread(target=late)
+    t.start()
+    time.sleep(1)
+    assert not waited
+    assert metric(pooled, "acemq_proxy_pool_clients_waiting") == 1
+    a2.close()
+    t.join(10)
+    assert "ok" in waited and waited["ok"] >= 0.9, waited
+    # Full again, and nobody leaves: refused once the handshake time is up.
+    refused_before = metric(pooled, 'acemq_proxy_pool_refused_total{reason="full"}')
+    b = connect(pooled.port, VHOST_FULL)
+    b.channel()
+    t0 = time.monotonic()
+    with pytest.raises((pika.exceptions.ConnectionClosedByBroker,
+                        pika.exceptions.ProbableAccessDeniedError)) as e:
+        connect(pooled.port, VHOST_FULL)
+    assert time.monotonic() - t0 >= 2.5
+    if isinstance(e.value, pika.exceptions.ConnectionClosedByBroker):
+        assert e.value.reply_code == 530
+    assert metric(pooled, 'acemq_proxy_pool_refused_total{reason="full"}') == refused_before + 1
+    assert broker_connections(VHOST_FULL) == 1
+    a.close()
+    b.close()
+
+
+def test_idle_connection_closes(pooled):
+    """idle_s 2: once its clients are gone, the broker connection closes."""
+    c = connect(pooled.port, VHOST_FULL)
+    c.channel()
+    assert broker_connections(VHOST_FULL) == 1
+    c.close()
+    assert support.wait_until(lambda: broker_connections(VHOST_FULL) == 0, 15, interval=0.5)
+
+
+def test_pool_refused_with_upstream_proxy_protocol(tmp_path):
+    (tmp_path / "p.json").write_text('{"vhost": "x", "pool": {}}')
+    r = subprocess.run([PROXY, "--check-config", "--rules", str(tmp_path),
+                        "--upstream-proxy-protocol", "1"], capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode != 0
+    assert "pool: cannot be used with upstream_proxy_protocol" in r.stderr
+    r = subprocess.run([PROXY, "--check-config", "--rules", str(tmp_path)],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
