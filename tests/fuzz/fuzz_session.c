@@ -786,13 +786,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	fuzz_close(&fz.client_fd);
 	fuzz_close(&fz.broker_fd);
 	fuzz_run();
-	for (i = 0; i < 3 && fuzz_session(); i++) {
+	for (i = 0; i < 4 && (fuzz_session() || (pool_gauges(&pg), pg.connections)); i++) {
 		struct session *s = fuzz_session();
 
-		if (s->upstream.tr && transport_connecting(s->upstream.tr))
+		if (s && s->upstream.tr && transport_connecting(s->upstream.tr))
 			transport_connect_done(s->upstream.tr, ECONNREFUSED);
-		else
+		else if (s)
 			event_active(s->timer, EV_TIMEOUT, 1);
+		/* A pool's connection that lost its broker before it spoke
+		 * tries the next address: that broker goes too. */
+		fuzz_close(&fz.broker_fd);
 		fuzz_run();
 	}
 	pool_gauges(&pg);
