@@ -592,7 +592,15 @@ static void pool_detach(struct pool_att *a)
 	pool_att_unwait(a);
 	if (c && c->auth == a)
 		c->auth = NULL;
-	pool_mux_leave(a);
+	pool_mux_leave(a, 0);
+	if (c && c->slots) {
+		unsigned m;
+
+		for (m = 1; m < c->nslots; m++)
+			if (c->slots[m].waiter == a)
+				c->slots[m].waiter = NULL;
+	}
+	c = a->conn; /* leaving may have cost the connection */
 	if (a->full && c && c->nfull > 0 && --c->nfull == 0)
 		pool_conn_kick(c);
 	list_del(&a->node);

@@ -188,6 +188,8 @@ void pool_conn_free_slot(struct pool_conn *c, uint16_t m)
 		return;
 	if (sl->att && sl->n < sl->att->nmap && sl->att->map[sl->n] == m)
 		sl->att->map[sl->n] = 0;
+	if (sl->waiter && sl->waiter->closing_chans > 0 && --sl->waiter->closing_chans == 0)
+		pool_mux_closed(sl->waiter);
 	memset(sl, 0, sizeof(*sl));
 	ACEMQ_ASSERT(c->used > 0);
 	c->used--;

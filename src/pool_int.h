@@ -29,8 +29,9 @@ enum pool_slot_state {
 
 /* One broker channel (M) of a connection. */
 struct pool_slot {
-	struct pool_att *att; /* NULL unless OPENING or OPEN */
-	uint16_t n;           /* the client's number for it */
+	struct pool_att *att;    /* NULL unless OPENING or OPEN */
+	struct pool_att *waiter; /* orphaned by a closing client that awaits it */
+	uint16_t n;              /* the client's number for it */
 	uint8_t state;
 	uint8_t exclusive_pending; /* a queue.declare exclusive is out on it */
 	uint8_t closing;           /* POOL_CLOSE_* bits */
@@ -144,6 +145,7 @@ struct pool_att {
 	uint16_t heartbeat;       /* the client's */
 	time_t last_in;           /* a frame was given to the client */
 	time_t wait_until;
+	unsigned closing_chans;    /* its broker channels still closing before close-ok */
 	unsigned caps_blocked : 1; /* the client takes connection.blocked */
 	unsigned full : 1;         /* counted in conn->nfull */
 	struct list exclusive;     /* struct pool_queue it declared */
@@ -203,7 +205,8 @@ int pool_conn_room(const struct pool_conn *c);
 
 /* pool_mux.c */
 void pool_mux_output(void *arg);
-void pool_mux_leave(struct pool_att *a);
+void pool_mux_leave(struct pool_att *a, int wait);
+void pool_mux_closed(struct pool_att *a);
 struct pool_queue *pool_mux_locked(struct pool_conn *c, const struct pool_att *a,
 				   const char *name, size_t len);
 

@@ -358,13 +358,11 @@ static void pool_mux_connection(struct pool_att *a, struct evbuffer *out,
 		return;
 	switch (id) {
 	case AMQP_CONNECTION_CLOSE_METHOD:
-		/* The client leaves: answered here, and the leg ends as a
-		 * broker's socket would; its channels are closed at the broker
-		 * when its session lets go of the leg. */
-		method_write(a->down, 0, AMQP_CONNECTION_CLOSE_OK_METHOD,
-			     &(amqp_connection_close_ok_t){0});
+		/* The client leaves: as a broker does, its channels are closed
+		 * (its exclusive queues deleted first) before its close-ok,
+		 * after which the leg ends as a broker's socket would. */
 		a->phase = ATT_CLOSING;
-		pool_att_end(a);
+		pool_mux_leave(a, 1);
 		break;
 	case AMQP_CONNECTION_CLOSE_OK_METHOD:
 		break;
@@ -474,28 +472,52 @@ void pool_mux_output(void *arg)
 	}
 }
 
-/* The client's session let go: its exclusive queues deleted, then its
+/* A closing client's broker channels are all closed: its close-ok, then
+ * the end of its leg. */
+void pool_mux_closed(struct pool_att *a)
+{
+	method_write(a->down, 0, AMQP_CONNECTION_CLOSE_OK_METHOD,
+		     &(amqp_connection_close_ok_t){0});
+	pool_att_end(a);
+}
+
+/* Close broker channel m of the leaving client a; with wait, a hears of
+ * it (pool_mux_closed once the last of them is closed). */
+static void pool_mux_orphan(struct pool_att *a, struct pool_conn *c, uint16_t m, int wait)
+{
+	if (wait) {
+		c->slots[m].waiter = a;
+		a->closing_chans++;
+	}
+	pool_conn_orphan(c, m);
+}
+
+/* The client leaves (wait: it sent connection.close and waits for the
+ * close-ok) or its session let go: its exclusive queues deleted, then its
  * channels closed at the broker (which requeues its unacknowledged
  * deliveries and cancels its consumers). */
-void pool_mux_leave(struct pool_att *a)
+void pool_mux_leave(struct pool_att *a, int wait)
 {
 	struct pool_conn *c = a->conn;
 	struct pool_queue *q;
 	uint32_t n;
 	int m0 = 0;
 
-	if (c == NULL || a->phase < ATT_TUNE) {
+	if (c == NULL || a->phase < ATT_TUNE || c->slots == NULL) {
 		list_for_each_entry_safe (q, &a->exclusive, node) {
 			list_del(&q->node);
 			list_del(&q->conn_node);
 			free(q);
 		}
+		if (wait)
+			pool_mux_closed(a);
 		return;
 	}
 	for (n = 0; n < a->nmap; n++) {
 		if (a->map[n] && c->slots[a->map[n]].content_left) {
 			/* Half a message on a broker channel: it cannot be
-			 * finished or withdrawn, so the connection goes. */
+			 * finished or withdrawn, so the connection goes (and
+			 * each of its clients is told). */
 			pool_conn_close(c, NULL);
 			return;
 		}
@@ -503,6 +525,7 @@ void pool_mux_leave(struct pool_att *a)
 		    !(c->slots[a->map[n]].closing & POOL_CLOSE_SENT))
 			m0 = a->map[n];
 	}
+	a->closing_chans++; /* until every channel below is counted */
 	if (!list_empty(&a->exclusive)) {
 		struct evbuffer *out = transport_output(c->tr);
 
@@ -519,9 +542,11 @@ void pool_mux_leave(struct pool_att *a)
 			free(q);
 		}
 		if (m0 && c->slots[m0].att == NULL)
-			pool_conn_orphan(c, (uint16_t)m0);
+			pool_mux_orphan(a, c, (uint16_t)m0, wait);
 	}
 	for (n = 0; n < a->nmap; n++)
 		if (a->map[n])
-			pool_conn_orphan(c, a->map[n]);
+			pool_mux_orphan(a, c, a->map[n], wait);
+	if (--a->closing_chans == 0 && wait)
+		pool_mux_closed(a);
 }

@@ -277,9 +277,11 @@ static void transport_read_pipe(struct transport *t)
 {
 	size_t len = evbuffer_get_length(t->in);
 
-	if (t->dead)
+	/* As on a socket, nothing (not even the end) is seen while the
+	 * owner does not read. */
+	if (t->dead || !t->reading || t->full)
 		return;
-	if (len && t->reading && !t->full && !(t->pipe_end && t->pipe_gave)) {
+	if (len && !(t->pipe_end && t->pipe_gave)) {
 		if (t->read_high && len >= t->read_high)
 			t->full = 1;
 		if (t->pipe_end) {
