@@ -472,13 +472,15 @@ void pool_mux_output(void *arg)
 	}
 }
 
-/* A closing client's broker channels are all closed: its close-ok, then
- * the end of its leg. */
+/* A closing client's broker channels are all closed: its close-ok. The
+ * client closes its socket then (the side that sent connection.close
+ * does), as it would with a broker; a second connection.close it sent
+ * meanwhile is dropped. */
 void pool_mux_closed(struct pool_att *a)
 {
 	method_write(a->down, 0, AMQP_CONNECTION_CLOSE_OK_METHOD,
 		     &(amqp_connection_close_ok_t){0});
-	pool_att_end(a);
+	pool_feed(a);
 }
 
 /* Close broker channel m of the leaving client a; with wait, a hears of
