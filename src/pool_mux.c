@@ -313,6 +313,7 @@ static int pool_mux_channel(struct pool_att *a, struct evbuffer *out,
 	if (method) {
 		if (fi->class_id == 50 || id == AMQP_BASIC_CONSUME_METHOD ||
 		    id == AMQP_BASIC_GET_METHOD) {
+			a->consumed |= fi->class_id == 60; /* deliveries may come */
 			if (pool_mux_queue(a, sl, n, out, fi)) {
 				evbuffer_drain(out, len);
 				return 0;
@@ -359,10 +360,18 @@ static void pool_mux_connection(struct pool_att *a, struct evbuffer *out,
 	switch (id) {
 	case AMQP_CONNECTION_CLOSE_METHOD:
 		/* The client leaves: as a broker does, its channels are closed
-		 * (its exclusive queues deleted first) before its close-ok,
-		 * after which the leg ends as a broker's socket would. */
+		 * (its exclusive queues deleted first) before its close-ok, so
+		 * the next client never meets its consumers or deliveries. A
+		 * client that never consumed nor declared an exclusive queue
+		 * left nothing another could meet: answered at once, its
+		 * channels closing behind. */
 		a->phase = ATT_CLOSING;
-		pool_mux_leave(a, 1);
+		if (!a->consumed && list_empty(&a->exclusive)) {
+			pool_mux_closed(a);
+			pool_mux_leave(a, 0);
+		} else {
+			pool_mux_leave(a, 1);
+		}
 		break;
 	case AMQP_CONNECTION_CLOSE_OK_METHOD:
 		break;
