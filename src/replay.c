@@ -551,7 +551,8 @@ static int replay_begin(struct replay_run *r, const char **why)
 	pthread_mutex_lock(&replay_lock);
 	j->queued = (long)ok->message_count;
 	pthread_mutex_unlock(&replay_lock);
-	if (j->spec.has_target) {
+	/* The default exchange cannot be declared, even passively: always there. */
+	if (j->spec.has_target && j->spec.exchange[0] != '\0') {
 		rc = engine_conn_exchange_exists(&r->c, amqp_cstring_bytes(j->spec.exchange));
 		if (rc <= 0) {
 			*why = rc == 0 ? "no such exchange"
