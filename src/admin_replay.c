@@ -145,13 +145,20 @@ static void admin_replay_post(struct http_request *req, admin_rules_fn rules_fn)
 	const struct rules_vhost *v;
 	struct rules *r;
 	const char *why;
-	char where[48];
-	cJSON *body;
+	char where[48], *text;
+	cJSON *body = NULL;
 	long id;
 	int status;
 
 	memset(&spec, 0, sizeof(spec));
-	body = len ? cJSON_ParseWithLength((const char *)evbuffer_pullup(in, -1), len) : NULL;
+	/* NUL-terminated, nothing after the value; no NUL inside. */
+	if (len > 0 && (text = malloc(len + 1)) != NULL) {
+		evbuffer_copyout(in, text, len);
+		text[len] = '\0';
+		if (memchr(text, '\0', len) == NULL)
+			body = cJSON_ParseWithOpts(text, NULL, 1);
+		free(text);
+	}
 	if (body == NULL) {
 		admin_replay_error(req, 400, "the body is not JSON");
 		return;

@@ -6,9 +6,12 @@
 
 struct http_request;
 
-#define ADMIN_REPLAY_MAX_BODY  4096  /* a request's JSON */
-#define ADMIN_REPLAY_START_MS  10000 /* a start waited for before 202 "starting" */
-#define ADMIN_REPLAY_CANCEL_MS 5000  /* a cancel waited for before 200 "running" */
+#define ADMIN_REPLAY_MAX_BODY 4096 /* a request's JSON */
+/* Waited for on the listeners' thread, at most: a start (then 202
+ * "starting"; a failure shows in GET later) and a cancel (then 200
+ * "running"). */
+#define ADMIN_REPLAY_START_MS  3000
+#define ADMIN_REPLAY_CANCEL_MS 3000
 
 /* The routes' handler; arg points to the admin's admin_rules_fn. */
 void admin_replay(struct http_request *req, void *arg);

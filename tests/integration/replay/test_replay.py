@@ -193,6 +193,9 @@ def test_every_route_needs_the_token(proxy, queues):
 @pytest.mark.parametrize("raw, code, why", [
     ("{", 400, "not JSON"),
     ("[1, 2]", 400, "JSON object"),
+    ('{"vhost": "%s", "queue": "q", "count": 1} x' % VHOST, 400, "not JSON"),
+    ('{"vhost": "%s", "queue": "q", "count": 1}\x00 x' % VHOST, 400, "not JSON"),
+    ("", 400, "not JSON"),
     ('{"vhost": "%s", "queue": "q"}' % VHOST, 400, "required"),
     ('{"queue": "q", "count": 1}', 400, "required"),
     ('{"vhost": "%s", "queue": "q", "count": 0}' % VHOST, 400, "count"),
