@@ -74,6 +74,8 @@ def test_sigkill_mid_replay_loses_nothing(dirs, queues):
     assert set(s_ids) | set(t_ids) == set(sent)  # none lost
     both = set(s_ids) & set(t_ids)
     assert len(source) + len(target) == 1000 + len(both)
+    print("sigkill mid-replay: %d in the source, %d in the target, %d in both"
+          % (len(source), len(target), len(both)))
     assert len(both) <= WINDOW, len(both)
     assert 300 <= len(target) < 1000 and len(source) > 0, (len(source), len(target))
 
