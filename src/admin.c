@@ -2,6 +2,7 @@
  * project's own bounded HTTP server (http.c). */
 #include "admin.h"
 
+#include "admin_replay.h"
 #include "admin_schedule.h"
 #include "build_config.h"
 #include "config.h"
@@ -704,6 +705,8 @@ static const struct http_route admin_routes[] = {
     {"/connections", HTTP_GET, 0, 0, admin_connections, NULL},
     {"/claims/", HTTP_GET, 0, 0, admin_claims, NULL},
     {"/schedule/", HTTP_GET | HTTP_DELETE, 0, 0, admin_schedule, &admin_rules_cb},
+    {"/replay", HTTP_GET | HTTP_POST, ADMIN_REPLAY_MAX_BODY, 0, admin_replay, &admin_rules_cb},
+    {"/replay/", HTTP_GET | HTTP_DELETE, 0, 0, admin_replay, &admin_rules_cb},
     {"/", HTTP_GET, 0, 1, admin_status_page, NULL},
 };
 

@@ -266,8 +266,10 @@ int engine_conn_open(struct engine_conn *c, const struct upstream_list *own)
 	amqp_table_entry_t caps[2], props[2];
 	amqp_table_t cprops;
 	amqp_rpc_reply_t r;
-	int rc = engine_conn_reach(c, own, &tv);
+	int rc;
 
+	c->refused = 0;
+	rc = engine_conn_reach(c, own, &tv);
 	if (rc == -2)
 		return -2;
 	if (rc != 0)
@@ -281,6 +283,9 @@ int engine_conn_open(struct engine_conn *c, const struct upstream_list *own)
 	    engine_conn_properties(caps, props, &cprops), AMQP_SASL_METHOD_PLAIN,
 	    engine_conn_cfg.user, engine_conn_cfg.password);
 	if (r.reply_type != AMQP_RESPONSE_NORMAL) {
+		if (r.reply_type == AMQP_RESPONSE_SERVER_EXCEPTION &&
+		    r.reply.id == AMQP_CONNECTION_CLOSE_METHOD)
+			c->refused = ((amqp_connection_close_t *)r.reply.decoded)->reply_code;
 		if (!c->down_logged)
 			engine_conn_reply_ok(c, "login");
 		goto failed_conn;

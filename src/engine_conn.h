@@ -21,7 +21,9 @@ struct engine_conn {
 	const char *vhost;
 	amqp_connection_state_t amqp; /* NULL: not connected */
 	int64_t retry_at, backoff_ms;
-	int down_logged; /* a failure was said: quiet until connected again */
+	int down_logged;  /* a failure was said: quiet until connected again */
+	uint16_t refused; /* the last login's refusal by the broker (530: no such
+			   * vhost, or not the user's), or 0 */
 };
 
 /* Settings: credentials, broker addresses, timeouts. 0 or -1. */

@@ -11,6 +11,7 @@
 #include "patterns/dedup_publish.h"
 #include "patterns/idempotency.h"
 #include "probe.h"
+#include "replay.h"
 #include "rules.h"
 #include "store/claims.h"
 #include "store/delayed.h"
@@ -333,6 +334,7 @@ int main(int argc, char **argv)
 	for (i = 0; i < main_nworkers; i++)
 		pthread_join(main_workers[i].thread, NULL);
 	probe_stop();
+	replay_stop();
 	engine_stop();
 	/* Store operations of sessions that are gone still complete (and
 	 * clean up after themselves) while the store threads run. */
