@@ -2,49 +2,23 @@
 import os
 import shutil
 import signal
-import socket
-import subprocess
 import tempfile
-import time
 import urllib.request
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-import support  # noqa: E402
-PROXY = os.environ.get("ACEMQ_PROXY", os.path.join(HERE, "..", "..", "..", "build", "src", "acemq-proxy"))
+import rulesproxy  # noqa: E402
+from rulesproxy import PROXY  # noqa: E402,F401 (the suite's tests import it from here)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class Proxy(rulesproxy.Proxy):
+    """rulesproxy's proxy with an admin endpoint and a data dir of its own."""
 
-
-class Proxy:
     def __init__(self, rules):
-        self.rules = rules
-        self.port = free_port()
-        self.admin = free_port()
-        self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
-        self.proc = subprocess.Popen(
-            [PROXY, "--listen", f"127.0.0.1:{self.port}", "--rules", rules,
-             "--admin", f"127.0.0.1:{self.admin}", "--log-level", "info"],
-            stderr=self.log)
-        deadline = time.time() + 10
-        while True:
-            try:
-                if support.port_accepts(self.port):
-                    break
-                raise OSError("not listening yet")
-            except OSError:
-                if self.proc.poll() is not None or time.time() > deadline:
-                    raise AssertionError("proxy did not start:\n" + self.stderr())
-                time.sleep(0.05)
-
-    def stderr(self):
-        with open(self.log.name) as f:
-            return f.read()
+        self.admin = rulesproxy.free_port()
+        self.top = tempfile.mkdtemp(prefix="acemq-rules-data-")
+        super().__init__(rules, os.path.join(self.top, "data"),
+                         ["--admin", f"127.0.0.1:{self.admin}"])
 
     def stats(self):
         import json
@@ -63,12 +37,9 @@ class Proxy:
         self.proc.send_signal(signal.SIGHUP)
 
     def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        super().stop()
         os.unlink(self.log.name)
+        shutil.rmtree(self.top, ignore_errors=True)
 
 
 def write_rules(d, name, text):
