@@ -366,6 +366,8 @@ void pool_bind(struct pool_att *a, struct pool_conn *c)
 	pool_feed(a);
 }
 
+static void pool_check(struct pool_att *a);
+
 static void pool_wait_cb(evutil_socket_t fd, short what, void *arg)
 {
 	pool_retry_waiting(arg);
@@ -427,7 +429,10 @@ void pool_retry_waiting(struct pool *p)
 				       "vhost and user is full");
 			continue;
 		}
-		pool_place(a);
+		if (a->needs_check)
+			pool_check(a);
+		else
+			pool_place(a);
 	}
 }
 
@@ -475,7 +480,6 @@ static int pool_hash(struct pool_att *a)
 void pool_credentials_in(struct pool_att *a)
 {
 	struct pool *p = a->pool;
-	struct pool_conn *c;
 
 	if (pool_hash(a) != 0) {
 		pool_att_close(
@@ -491,14 +495,52 @@ void pool_credentials_in(struct pool_att *a)
 		return;
 	}
 	STATS_INC(&p->home->stats, pool_auth_misses);
-	/* A connection opened and waiting for credentials takes these. */
-	a->phase = ATT_AUTH;
+	pool_check(a);
+}
+
+/* The broker checks a's credentials: on a connection opened and waiting
+ * for some, on a new one under the bound, or, at the bound, on one short
+ * connection at a time per pool (the bound is passed by one at most; the
+ * other clients to check wait for it). */
+static void pool_check(struct pool_att *a)
+{
+	struct pool *p = a->pool;
+	struct pool_conn *c;
+	struct timeval tv = {0, 100000};
+
 	list_for_each_entry (c, &p->conns, node) {
 		if (c->phase <= CONN_CREDS && c->auth == NULL) {
+			pool_att_unwait(a);
+			a->needs_check = 0;
+			a->phase = ATT_AUTH;
 			pool_conn_give_creds(c, a);
 			return;
 		}
 	}
+	if (p->nconns >= (unsigned)p->cfg.max_connections) {
+		list_for_each_entry (c, &p->conns, node) {
+			if (c->check_only && c->phase != CONN_CLOSING) {
+				/* Another check is out: wait for it. */
+				if (a->phase != ATT_WAIT) {
+					a->phase = ATT_WAIT;
+					a->wait_until =
+					    time(NULL) +
+					    (worker_settings.handshake_timeout_ms + 999) / 1000;
+					pool_waiting_add(1);
+				}
+				a->needs_check = 1;
+				if (p->wait_timer == NULL)
+					p->wait_timer =
+					    evtimer_new(p->home->base, pool_wait_cb, p);
+				if (p->wait_timer)
+					evtimer_add(p->wait_timer, &tv);
+				return;
+			}
+		}
+	}
+	pool_att_unwait(a);
+	a->needs_check = 0;
+	a->phase = ATT_AUTH;
 	if (pool_conn_new(p, a, 1) == NULL)
 		pool_att_close(a, REPLY_CONNECTION_FORCED,
 			       "CONNECTION_FORCED - no broker could be reached");
@@ -725,7 +767,12 @@ void pool_worker_fini(void)
 	if (pool_homed.next == NULL)
 		return;
 	list_for_each_entry_safe (p, &pool_homed, homed) {
-		list_for_each_entry_safe (c, &p->conns, node)
-			pool_conn_close(c, NULL); /* may free p */
+		int last = list_empty(&p->conns);
+
+		while (!last) {
+			c = list_first_entry(&p->conns, struct pool_conn, node);
+			last = c->node.next == &p->conns;
+			pool_conn_close(c, NULL); /* the last one may free p */
+		}
 	}
 }

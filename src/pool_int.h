@@ -148,6 +148,7 @@ struct pool_att {
 	unsigned closing_chans;    /* its broker channels still closing before close-ok */
 	unsigned caps_blocked : 1; /* the client takes connection.blocked */
 	unsigned consumed : 1;     /* it sent basic.consume or basic.get */
+	unsigned needs_check : 1;  /* waiting for the pool's credential check */
 	unsigned full : 1;         /* counted in conn->nfull */
 	struct list exclusive;     /* struct pool_queue it declared */
 };
