@@ -1,18 +1,23 @@
 /* test_state: the state layer over a real LMDB environment: writes reported
  * on the worker's loop once durable, group commit, reads and scans, a full
  * map failing only the writes that do not fit, persistence across a
- * reopen, and writes after close refused. */
+ * reopen, writes after close refused, and the pipelined sync: commits go on
+ * while a sync runs, no completion before the sync covering its commit, a
+ * failed sync failing exactly the writes it covered. */
 #include "tests/unit/unit.h"
 
 #include "src/store/state.h"
 #include "src/worker.h"
 
 #include <check.h>
+#include <errno.h>
 #include <event2/event.h>
 #include <event2/thread.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 struct req {
@@ -63,14 +68,19 @@ static void wait_done(int *done, int n)
 	ck_assert_int_eq(*done, n);
 }
 
-static struct state *open_state(uint64_t map)
+static struct state *open_state_sync(uint64_t map, int sync)
 {
-	struct state_settings set = {tdir, map, 1};
+	struct state_settings set = {tdir, map, sync};
 	char err[256];
 	struct state *st = state_open(&set, err, sizeof(err));
 
 	ck_assert_msg(st != NULL, "%s", err);
 	return st;
+}
+
+static struct state *open_state(uint64_t map)
+{
+	return open_state_sync(map, STATE_SYNC_PIPELINED);
 }
 
 static void setup(void)
@@ -182,6 +192,227 @@ START_TEST(test_bad_directory_is_an_error)
 }
 END_TEST
 
+/* A sync hook that holds the sync thread until released, then returns the
+ * error it was given (0: the real sync runs). */
+struct gate {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	int entered; /* syncs that reached the hook */
+	int open;    /* syncs let through */
+	int fail;    /* errno for the next sync let through, then 0 */
+};
+
+static struct gate gate = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0};
+
+static int gate_hook(void *arg)
+{
+	struct gate *g = arg;
+	int rc, me;
+
+	pthread_mutex_lock(&g->lock);
+	me = g->entered++;
+	pthread_cond_broadcast(&g->cond);
+	while (g->open <= me)
+		pthread_cond_wait(&g->cond, &g->lock);
+	rc = g->fail;
+	g->fail = 0;
+	pthread_mutex_unlock(&g->lock);
+	return rc;
+}
+
+static void gate_reset(void)
+{
+	gate.entered = gate.open = gate.fail = 0;
+}
+
+/* Wait (at most 10 s) until n syncs have reached the hook. */
+static void gate_wait_entered(int n)
+{
+	struct timespec until;
+	int entered;
+
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += 10;
+	pthread_mutex_lock(&gate.lock);
+	while (gate.entered < n &&
+	       pthread_cond_timedwait(&gate.cond, &gate.lock, &until) != ETIMEDOUT)
+		;
+	entered = gate.entered;
+	pthread_mutex_unlock(&gate.lock);
+	ck_assert_int_ge(entered, n);
+}
+
+/* Let the next sync through, failing with err (0: it succeeds). */
+static void gate_release(int err)
+{
+	pthread_mutex_lock(&gate.lock);
+	gate.fail = err;
+	gate.open++;
+	pthread_cond_broadcast(&gate.cond);
+	pthread_mutex_unlock(&gate.lock);
+}
+
+/* Run the loop for a while: what should not arrive has had its chance. */
+static void pump(int ms)
+{
+	int i;
+
+	for (i = 0; i < ms; i++) {
+		event_base_loop(tw.base, EVLOOP_NONBLOCK);
+		worker_run_posted(&tw);
+		usleep(1000);
+	}
+}
+
+/* Until the writer has committed key i (a reader sees it). */
+static void wait_committed(struct state *st, int i)
+{
+	char key[32], buf[64];
+	int spins = 0;
+
+	snprintf(key, sizeof(key), "k%06d", i);
+	while (state_get(st, "claims:/", key, strlen(key), get_copy, buf) != STATE_OK &&
+	       spins++ < 5000)
+		usleep(1000);
+	ck_assert_int_lt(spins, 5000);
+}
+
+START_TEST(test_completions_wait_for_the_sync_covering_them)
+{
+	struct state *st = open_state(64 << 20);
+	static struct req r[100];
+	struct state_counters c;
+	int done = 0, i;
+
+	gate_reset();
+	state_test_sync_hook(st, gate_hook, &gate);
+	for (i = 0; i < 50; i++) {
+		req_init(&r[i], &done, "claims:/", i, "value", 5);
+		state_submit(st, &r[i].w);
+	}
+	pump(1); /* the turn ends: the writes go to the writer */
+	gate_wait_entered(1);
+	/* Committed (readers see it), its sync held: no completion. */
+	wait_committed(st, 49);
+	pump(200);
+	ck_assert_int_eq(done, 0);
+	/* The next writes commit while that sync is still held... */
+	for (i = 50; i < 100; i++) {
+		req_init(&r[i], &done, "claims:/", i, "value", 5);
+		state_submit(st, &r[i].w);
+	}
+	pump(1);
+	wait_committed(st, 99);
+	state_counters(st, &c);
+	ck_assert_uint_ge(c.commits, 2);
+	ck_assert_uint_eq(c.syncs, 0);
+	pump(100);
+	ck_assert_int_eq(done, 0);
+	/* ...and the first sync, once done, reports only what it covered. */
+	gate_release(0);
+	wait_done(&done, 50);
+	pump(100);
+	ck_assert_int_eq(done, 50);
+	for (i = 0; i < 50; i++)
+		ck_assert_int_eq(r[i].rc, STATE_OK);
+	gate_wait_entered(2);
+	gate_release(0);
+	wait_done(&done, 100);
+	for (i = 50; i < 100; i++)
+		ck_assert_int_eq(r[i].rc, STATE_OK);
+	state_counters(st, &c);
+	ck_assert_uint_eq(c.syncs, 2);
+	ck_assert_uint_eq(c.synced_writes, 100);
+	state_test_sync_hook(st, NULL, NULL);
+	state_close(st);
+}
+END_TEST
+
+START_TEST(test_failed_sync_fails_every_write_it_covered)
+{
+	struct state *st = open_state(64 << 20);
+	static struct req r[60];
+	struct state_counters c;
+	int done = 0, i;
+
+	gate_reset();
+	state_test_sync_hook(st, gate_hook, &gate);
+	for (i = 0; i < 40; i++) {
+		req_init(&r[i], &done, "claims:/", i, "value", 5);
+		state_submit(st, &r[i].w);
+	}
+	pump(1);
+	gate_wait_entered(1);
+	wait_committed(st, 39);
+	/* Committed after that sync began: the next sync covers these. */
+	for (i = 40; i < 60; i++) {
+		req_init(&r[i], &done, "claims:/", i, "value", 5);
+		state_submit(st, &r[i].w);
+	}
+	pump(1);
+	wait_committed(st, 59);
+	gate_release(EIO);
+	wait_done(&done, 40);
+	for (i = 0; i < 40; i++)
+		ck_assert_int_eq(r[i].rc, STATE_IO);
+	gate_wait_entered(2);
+	pump(100);
+	ck_assert_int_eq(done, 40);
+	gate_release(0);
+	wait_done(&done, 60);
+	for (i = 40; i < 60; i++)
+		ck_assert_int_eq(r[i].rc, STATE_OK);
+	state_counters(st, &c);
+	ck_assert_uint_eq(c.write_errors, 40);
+	ck_assert_uint_eq(c.syncs, 2);
+	/* A full disk on sync is reported as such. */
+	req_init(&r[0], &done, "claims:/", 0, "value", 5);
+	state_submit(st, &r[0].w);
+	pump(1);
+	gate_wait_entered(3);
+	gate_release(ENOSPC);
+	wait_done(&done, 61);
+	ck_assert_int_eq(r[0].rc, STATE_FULL);
+	state_test_sync_hook(st, NULL, NULL);
+	state_close(st);
+}
+END_TEST
+
+/* Without the sync thread (no fsync, or LMDB's own in each commit) the
+ * hook never runs and writes complete, counted. */
+START_TEST(test_sync_off_and_serial)
+{
+	static struct req r[20];
+	struct state_counters c;
+	struct state *st;
+	char buf[64];
+	int done = 0, i, mode;
+
+	for (mode = STATE_SYNC_NONE; mode <= STATE_SYNC_SERIAL; mode += 2) {
+		st = open_state_sync(64 << 20, mode);
+		gate_reset();
+		state_test_sync_hook(st, gate_hook, &gate);
+		for (i = 0; i < 20; i++) {
+			req_init(&r[i], &done, "claims:/", i, "value", 5);
+			state_submit(st, &r[i].w);
+		}
+		wait_done(&done, 20);
+		for (i = 0; i < 20; i++)
+			ck_assert_int_eq(r[i].rc, STATE_OK);
+		ck_assert_int_eq(gate.entered, 0);
+		state_counters(st, &c);
+		ck_assert_uint_eq(c.writes, 20);
+		ck_assert_uint_eq(c.syncs, mode == STATE_SYNC_SERIAL ? c.commits : 0);
+		ck_assert_uint_eq(c.synced_writes, mode == STATE_SYNC_SERIAL ? 20 : 0);
+		state_close(st);
+		done = 0;
+	}
+	st = open_state(64 << 20);
+	ck_assert_int_eq(state_get(st, "claims:/", "k000019", 7, get_copy, buf), STATE_OK);
+	state_close(st);
+}
+END_TEST
+
 int main(void)
 {
 	TCase *tc = tcase_create("state");
@@ -191,5 +422,8 @@ int main(void)
 	tcase_add_test(tc, test_write_read_and_group_commit);
 	tcase_add_test(tc, test_full_map_fails_only_what_does_not_fit);
 	tcase_add_test(tc, test_bad_directory_is_an_error);
+	tcase_add_test(tc, test_completions_wait_for_the_sync_covering_them);
+	tcase_add_test(tc, test_failed_sync_fails_every_write_it_covered);
+	tcase_add_test(tc, test_sync_off_and_serial);
 	return unit_run("state", tc, 0);
 }

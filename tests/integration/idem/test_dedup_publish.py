@@ -343,6 +343,15 @@ def test_pipelined_batch_keeps_order(dd):
     assert after["dedup_duplicate"] - before["dedup_duplicate"] == checked - len(values)
     commits = after["state_commits"] - before["state_commits"]
     assert commits < checked // 4, (commits, checked)
+    # Every write is made durable by a sync of its own or a later commit's
+    # (state_sync=1: syncs overlap the commits that follow them).
+    deadline = time.monotonic() + 5
+    while after["state_synced_writes"] != after["state_writes"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+        after = stats(dd)
+    assert after["state_synced_writes"] == after["state_writes"]
+    syncs = after["state_syncs"] - before["state_syncs"]
+    assert 0 < syncs <= after["state_commits"] - before["state_commits"]
 
 
 def test_two_connections_race(dd):
