@@ -222,7 +222,19 @@ static int gate_hook(void *arg)
 
 static void gate_reset(void)
 {
+	pthread_mutex_lock(&gate.lock);
 	gate.entered = gate.open = gate.fail = 0;
+	pthread_mutex_unlock(&gate.lock);
+}
+
+static int gate_entered(void)
+{
+	int n;
+
+	pthread_mutex_lock(&gate.lock);
+	n = gate.entered;
+	pthread_mutex_unlock(&gate.lock);
+	return n;
 }
 
 /* Wait (at most 10 s) until n syncs have reached the hook. */
@@ -264,65 +276,73 @@ static void pump(int ms)
 	}
 }
 
-/* Until the writer has committed key i (a reader sees it). */
-static void wait_committed(struct state *st, int i)
+/* Until the writer has committed n writes in all: committed writes are
+ * counted where they are handed to the sync thread, under the same lock,
+ * so all of them wait for the next sync. */
+static void wait_writes(struct state *st, uint64_t n)
 {
-	char key[32], buf[64];
+	struct state_counters c;
 	int spins = 0;
 
-	snprintf(key, sizeof(key), "k%06d", i);
-	while (state_get(st, "claims:/", key, strlen(key), get_copy, buf) != STATE_OK &&
-	       spins++ < 5000)
+	for (;;) {
+		state_counters(st, &c);
+		if (c.writes >= n || spins++ >= 5000)
+			break;
 		usleep(1000);
-	ck_assert_int_lt(spins, 5000);
+	}
+	ck_assert_uint_eq(c.writes, n);
+}
+
+/* Submit writes first..last-1 (keys k<i>) from this thread. */
+static void submit(struct state *st, struct req *r, int *done, int first, int last)
+{
+	int i;
+
+	for (i = first; i < last; i++) {
+		req_init(&r[i], done, "claims:/", i, "value", 5);
+		state_submit(st, &r[i].w);
+	}
+	pump(1); /* a turn's writes go to the writer */
 }
 
 START_TEST(test_completions_wait_for_the_sync_covering_them)
 {
 	struct state *st = open_state(64 << 20);
-	static struct req r[100];
+	static struct req r[50];
 	struct state_counters c;
+	char buf[64];
 	int done = 0, i;
 
 	gate_reset();
 	state_test_sync_hook(st, gate_hook, &gate);
-	for (i = 0; i < 50; i++) {
-		req_init(&r[i], &done, "claims:/", i, "value", 5);
-		state_submit(st, &r[i].w);
-	}
-	pump(1); /* the turn ends: the writes go to the writer */
+	/* One write, and the sync covering it held. */
+	submit(st, r, &done, 0, 1);
 	gate_wait_entered(1);
-	/* Committed (readers see it), its sync held: no completion. */
-	wait_committed(st, 49);
-	pump(200);
-	ck_assert_int_eq(done, 0);
-	/* The next writes commit while that sync is still held... */
-	for (i = 50; i < 100; i++) {
-		req_init(&r[i], &done, "claims:/", i, "value", 5);
-		state_submit(st, &r[i].w);
-	}
-	pump(1);
-	wait_committed(st, 99);
+	/* The next writes commit while that sync is held (readers see them)
+	 * and wait for a sync of their own; nothing completes meanwhile. */
+	submit(st, r, &done, 1, 50);
+	wait_writes(st, 50);
+	ck_assert_int_eq(state_get(st, "claims:/", "k000049", 7, get_copy, buf), STATE_OK);
 	state_counters(st, &c);
 	ck_assert_uint_ge(c.commits, 2);
 	ck_assert_uint_eq(c.syncs, 0);
-	pump(100);
+	pump(200);
 	ck_assert_int_eq(done, 0);
-	/* ...and the first sync, once done, reports only what it covered. */
+	/* The first sync, once done, reports only the write it covered. */
+	gate_release(0);
+	wait_done(&done, 1);
+	gate_wait_entered(2);
+	pump(100);
+	ck_assert_int_eq(done, 1);
+	ck_assert_int_eq(r[0].rc, STATE_OK);
+	/* The second covers the rest. */
 	gate_release(0);
 	wait_done(&done, 50);
-	pump(100);
-	ck_assert_int_eq(done, 50);
 	for (i = 0; i < 50; i++)
-		ck_assert_int_eq(r[i].rc, STATE_OK);
-	gate_wait_entered(2);
-	gate_release(0);
-	wait_done(&done, 100);
-	for (i = 50; i < 100; i++)
 		ck_assert_int_eq(r[i].rc, STATE_OK);
 	state_counters(st, &c);
 	ck_assert_uint_eq(c.syncs, 2);
-	ck_assert_uint_eq(c.synced_writes, 100);
+	ck_assert_uint_eq(c.synced_writes, 50);
 	state_test_sync_hook(st, NULL, NULL);
 	state_close(st);
 }
@@ -331,47 +351,44 @@ END_TEST
 START_TEST(test_failed_sync_fails_every_write_it_covered)
 {
 	struct state *st = open_state(64 << 20);
-	static struct req r[60];
+	static struct req r[61];
 	struct state_counters c;
 	int done = 0, i;
 
 	gate_reset();
 	state_test_sync_hook(st, gate_hook, &gate);
-	for (i = 0; i < 40; i++) {
-		req_init(&r[i], &done, "claims:/", i, "value", 5);
-		state_submit(st, &r[i].w);
-	}
-	pump(1);
+	/* Sync 1 covers write 0 (held); writes 1-40 commit meanwhile, so sync
+	 * 2 covers exactly them; 41-60 commit while sync 2 is held. */
+	submit(st, r, &done, 0, 1);
 	gate_wait_entered(1);
-	wait_committed(st, 39);
-	/* Committed after that sync began: the next sync covers these. */
-	for (i = 40; i < 60; i++) {
-		req_init(&r[i], &done, "claims:/", i, "value", 5);
-		state_submit(st, &r[i].w);
-	}
-	pump(1);
-	wait_committed(st, 59);
-	gate_release(EIO);
-	wait_done(&done, 40);
-	for (i = 0; i < 40; i++)
-		ck_assert_int_eq(r[i].rc, STATE_IO);
-	gate_wait_entered(2);
-	pump(100);
-	ck_assert_int_eq(done, 40);
+	submit(st, r, &done, 1, 41);
+	wait_writes(st, 41);
 	gate_release(0);
-	wait_done(&done, 60);
-	for (i = 40; i < 60; i++)
+	wait_done(&done, 1);
+	gate_wait_entered(2);
+	submit(st, r, &done, 41, 61);
+	wait_writes(st, 61);
+	/* Sync 2 fails: every write it covered fails, and only those. */
+	gate_release(EIO);
+	wait_done(&done, 41);
+	for (i = 1; i < 41; i++)
+		ck_assert_int_eq(r[i].rc, STATE_IO);
+	gate_wait_entered(3);
+	pump(100);
+	ck_assert_int_eq(done, 41);
+	gate_release(0);
+	wait_done(&done, 61);
+	ck_assert_int_eq(r[0].rc, STATE_OK);
+	for (i = 41; i < 61; i++)
 		ck_assert_int_eq(r[i].rc, STATE_OK);
 	state_counters(st, &c);
 	ck_assert_uint_eq(c.write_errors, 40);
-	ck_assert_uint_eq(c.syncs, 2);
+	ck_assert_uint_eq(c.syncs, 3);
 	/* A full disk on sync is reported as such. */
-	req_init(&r[0], &done, "claims:/", 0, "value", 5);
-	state_submit(st, &r[0].w);
-	pump(1);
-	gate_wait_entered(3);
+	submit(st, r, &done, 0, 1);
+	gate_wait_entered(4);
 	gate_release(ENOSPC);
-	wait_done(&done, 61);
+	wait_done(&done, 62);
 	ck_assert_int_eq(r[0].rc, STATE_FULL);
 	state_test_sync_hook(st, NULL, NULL);
 	state_close(st);
@@ -399,7 +416,7 @@ START_TEST(test_sync_off_and_serial)
 		wait_done(&done, 20);
 		for (i = 0; i < 20; i++)
 			ck_assert_int_eq(r[i].rc, STATE_OK);
-		ck_assert_int_eq(gate.entered, 0);
+		ck_assert_int_eq(gate_entered(), 0);
 		state_counters(st, &c);
 		ck_assert_uint_eq(c.writes, 20);
 		ck_assert_uint_eq(c.syncs, mode == STATE_SYNC_SERIAL ? c.commits : 0);
