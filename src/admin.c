@@ -380,6 +380,9 @@ static void admin_stats(struct http_request *req, void *arg)
 		    (unsigned long long)c.commits, (unsigned long long)c.writes,
 		    (unsigned long long)c.write_errors, (unsigned long long)c.full_errors,
 		    (unsigned long long)c.used_bytes, (unsigned long long)c.map_bytes);
+		evbuffer_add_printf(
+		    out, ",\n  \"state_syncs\": %llu,\n  \"state_synced_writes\": %llu",
+		    (unsigned long long)c.syncs, (unsigned long long)c.synced_writes);
 	}
 #define ADMIN_PRINT(name, metric, labels, help) \
 	evbuffer_add_printf(out, ",\n  \"%s\": %llu", #name, (unsigned long long)sum.name);
@@ -493,6 +496,16 @@ static void admin_metrics(struct http_request *req, void *arg)
 		    (unsigned long long)c.full_errors,
 		    (unsigned long long)(c.write_errors - c.full_errors),
 		    (unsigned long long)c.used_bytes, (unsigned long long)c.map_bytes);
+		evbuffer_add_printf(
+		    out,
+		    "# HELP acemq_proxy_state_syncs_total fsyncs that made state commits "
+		    "durable\n"
+		    "# TYPE acemq_proxy_state_syncs_total counter\n"
+		    "acemq_proxy_state_syncs_total %llu\n"
+		    "# HELP acemq_proxy_state_synced_writes_total writes made durable by them\n"
+		    "# TYPE acemq_proxy_state_synced_writes_total counter\n"
+		    "acemq_proxy_state_synced_writes_total %llu\n",
+		    (unsigned long long)c.syncs, (unsigned long long)c.synced_writes);
 	}
 	/* Counters of one metric are listed together: HELP and TYPE once. */
 #define ADMIN_METRIC(name, metric, labels, help)                                            \

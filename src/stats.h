@@ -11,6 +11,8 @@
 	  "client connections accepted")                                                  \
 	X(connections_closed, "acemq_proxy_connections_closed_total", "",                 \
 	  "client connections closed")                                                    \
+	X(heap_trims, "acemq_proxy_heap_trims_total", "",                                 \
+	  "freed heap given back to the system after connections closed (malloc_trim)")   \
 	X(connections_refused, "acemq_proxy_connections_refused_total",                   \
 	  "reason=\"protocol_header\"", "connections refused, by reason")                 \
 	X(refused_proxy_protocol, "acemq_proxy_connections_refused_total",                \

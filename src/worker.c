@@ -1,6 +1,8 @@
-/* worker: a thread with its own event loop that owns the sessions handed to it. */
+/* worker: a thread with its own event loop that owns the sessions handed to it,
+ * and gives the heap they freed back to the system after a burst of closes. */
 #include "worker.h"
 
+#include "build_config.h"
 #include "debug.h"
 #include "limits.h"
 #include "log.h"
@@ -10,8 +12,25 @@
 
 #include <event2/event.h>
 #include <event2/util.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+#ifdef HAVE_MALLOC_TRIM
+#include <malloc.h>
+#endif
+
+/* Freed heap goes back (malloc_trim) once a worker has no session left, or
+ * after this many closes while others stay open; at most once per
+ * interval per worker, a trim that comes due sooner waits for its end. */
+#define WORKER_TRIM_CLOSES      1000
+#define WORKER_TRIM_INTERVAL_MS 1000
+
+/* Descriptor numbers whose libevent entries are made at once, ahead of the
+ * sessions that will use them (see worker_fd_prepare). */
+#define WORKER_FD_BLOCK 1024
 
 struct worker_settings worker_settings;
 
@@ -63,6 +82,46 @@ void worker_run_posted(struct worker *w)
 	}
 }
 
+static void worker_fd_noop(evutil_socket_t fd, short what, void *arg)
+{
+}
+
+/* libevent keeps a small entry for every descriptor number a base has
+ * watched (its evmap), made the first time and kept until the base is
+ * freed. Made amid a burst of sessions, one such entry lands between every
+ * two sessions' buffers and pins their pages once the sessions are gone:
+ * malloc_trim then gives almost nothing back. So before a session whose
+ * descriptor nears the numbers already prepared, the worker makes the
+ * entries of the next block together: each free number in it is taken
+ * with F_DUPFD (never one in use), watched and unwatched once, and closed. */
+static void worker_fd_prepare(struct worker *w, int fd)
+{
+	struct event *ev;
+	int spare, x, y, end = fd + WORKER_FD_BLOCK;
+
+	if (fd < 0 || fd + 64 < w->fd_ready)
+		return;
+	spare = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (spare < 0)
+		return; /* out of descriptors: later */
+	ev = event_new(w->base, -1, EV_READ, worker_fd_noop, NULL);
+	for (x = w->fd_ready; ev && x < end; x = y + 1) {
+		y = fcntl(spare, F_DUPFD_CLOEXEC, x);
+		if (y < 0)
+			break;
+		if (y < end &&
+		    event_assign(ev, w->base, y, EV_READ, worker_fd_noop, NULL) == 0 &&
+		    event_add(ev, NULL) == 0)
+			event_del(ev);
+		close(y);
+	}
+	if (ev)
+		event_free(ev);
+	close(spare);
+	if (x > w->fd_ready)
+		w->fd_ready = x < end ? x : end;
+}
+
 static void worker_notify_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct worker *w = arg;
@@ -92,10 +151,12 @@ static void worker_notify_cb(evutil_socket_t fd, short what, void *arg)
 	}
 	/* Each socket was counted in by the listener: one that gets no
 	 * session is counted out here, a session's when it ends. */
-	for (i = 0; i < n; i++)
+	for (i = 0; i < n; i++) {
+		worker_fd_prepare(w, q[i].fd);
 		if (session_new(w, q[i].fd, (struct sockaddr *)&q[i].sa, q[i].salen,
 				q[i].tls) == NULL)
 			limits_connection_leave();
+	}
 	free(q);
 	worker_run_posted(w);
 
@@ -108,6 +169,51 @@ static void worker_notify_cb(evutil_socket_t fd, short what, void *arg)
 		evtimer_add(w->drain_timer, &tv);
 		worker_check_drained(w);
 	}
+}
+
+static uint64_t worker_now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* glibc keeps what a burst of sessions freed (buffers, frames, TLS state)
+ * in its arenas: thousands of idle connections closing leave tens of MB
+ * resident. malloc_trim(0) hands the free pages of every arena back. */
+static void worker_trim_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct worker *w = arg;
+
+	w->trim_armed = 0;
+	w->closes = 0;
+	w->trimmed_ms = worker_now_ms();
+#ifdef HAVE_MALLOC_TRIM
+	malloc_trim(0);
+#endif
+	STATS_INC(&w->stats, heap_trims);
+}
+
+/* A session ended: trim when the worker is idle or many went, throttled.
+ * The timer runs after this turn's events, so a burst costs one trim. */
+static void worker_trim_consider(struct worker *w)
+{
+	uint64_t now, since;
+	struct timeval tv = {0, 0};
+
+	w->closes++;
+	if (w->trim_armed || w->trim_timer == NULL ||
+	    (w->nsessions > 0 && w->closes < WORKER_TRIM_CLOSES))
+		return;
+	now = worker_now_ms();
+	since = now - w->trimmed_ms;
+	if (w->trimmed_ms && since < WORKER_TRIM_INTERVAL_MS) {
+		tv.tv_sec = 0;
+		tv.tv_usec = (suseconds_t)(WORKER_TRIM_INTERVAL_MS - since) * 1000;
+	}
+	if (evtimer_add(w->trim_timer, &tv) == 0)
+		w->trim_armed = 1;
 }
 
 int worker_defer(struct worker *w, struct worker_call *c)
@@ -142,6 +248,9 @@ static void *worker_main(void *arg)
 	struct worker *w = arg;
 
 	worker_self = w;
+	/* The first block before the first session: a socket is not kept
+	 * waiting for it. */
+	worker_fd_prepare(w, 0);
 	event_base_loop(w->base, EVLOOP_NO_EXIT_ON_EMPTY);
 	/* What the last turn deferred (the writes of sessions that went). */
 	worker_turn_end_cb(-1, 0, w);
@@ -166,6 +275,9 @@ int worker_init(struct worker *w, int index)
 		return -1;
 	w->turn_end = event_new(w->base, -1, 0, worker_turn_end_cb, w);
 	if (w->turn_end == NULL)
+		return -1;
+	w->trim_timer = evtimer_new(w->base, worker_trim_cb, w);
+	if (w->trim_timer == NULL)
 		return -1;
 	return 0;
 }
@@ -229,6 +341,8 @@ void worker_fini(struct worker *w)
 	event_free(w->notify);
 	if (w->turn_end)
 		event_free(w->turn_end);
+	if (w->trim_timer)
+		event_free(w->trim_timer);
 	event_base_free(w->base);
 	empty_amqp_pool(&w->pool);
 	pthread_mutex_destroy(&w->lock);
@@ -246,5 +360,6 @@ void worker_session_remove(struct worker *w, struct session *s)
 	ACEMQ_ASSERT(w->nsessions > 0);
 	__atomic_store_n(&w->nsessions, w->nsessions - 1, __ATOMIC_RELAXED); /* read by admin */
 	limits_connection_leave();
+	worker_trim_consider(w);
 	worker_check_drained(w);
 }

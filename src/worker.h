@@ -69,6 +69,11 @@ struct worker {
 	struct worker_call *calls, **calls_tail; /* under lock: posted work */
 	struct event *turn_end;                  /* runs what was deferred */
 	struct worker_call *deferred, **deferred_tail;
+	struct event *trim_timer; /* gives freed heap back after closes */
+	unsigned long closes;     /* sessions ended since the last trim */
+	uint64_t trimmed_ms;      /* when (monotonic ms), 0: never */
+	int trim_armed;
+	int fd_ready; /* libevent's entries exist for descriptors below */
 };
 
 /* Set up a worker's loop without starting its thread (tests drive it). */

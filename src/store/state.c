@@ -1,5 +1,6 @@
-/* state: one LMDB environment, its named databases, and the writer thread
- * that group-commits. */
+/* state: one LMDB environment, its named databases, the writer thread that
+ * group-commits, and the sync thread that makes those commits durable while
+ * the next ones are written (a pipelined fsync). */
 #include "state.h"
 
 #include "../debug.h"
@@ -29,11 +30,21 @@ struct state_handle {
 
 struct state {
 	MDB_env *env;
+	int sync; /* STATE_SYNC_*: who makes commits durable */
 	pthread_t writer;
-	pthread_mutex_t lock; /* the queue, stop, counters */
+	pthread_t syncer;     /* STATE_SYNC_PIPELINED only */
+	pthread_mutex_t lock; /* the queues, stop, counters, the sync hook */
 	pthread_cond_t cond;
 	struct state_write *head, **tail;
 	int stop;
+	/* Committed writes waiting for the sync that covers them: the writer
+	 * appends a batch once its transaction has committed, the sync thread
+	 * takes them all before it syncs. */
+	pthread_cond_t sync_cond;
+	struct state_write *committed, **committed_tail;
+	int sync_stop;
+	int (*sync_hook)(void *arg); /* tests: runs before each sync */
+	void *sync_hook_arg;
 	pthread_mutex_t dbi_lock; /* opening databases; the table */
 	struct state_dbi *dbis;
 	int ndbis;
@@ -243,10 +254,26 @@ static void state_report(struct state *st, int rc)
 	pthread_mutex_unlock(&st->lock);
 }
 
+/* Report each write of list to whoever asked: its worker, or the thread
+ * in state_write_wait. */
+static void state_post_done(struct state *st, struct state_write *list)
+{
+	struct state_write *w, *next;
+
+	for (w = list; w; w = next) {
+		next = w->next;
+		state_report(st, w->rc);
+		if (w->w)
+			worker_post(w->w, &w->call); /* may free w */
+		else
+			w->call.fn(&w->call); /* a state_write_wait */
+	}
+}
+
 static void *state_writer(void *arg)
 {
 	struct state *st = arg;
-	struct state_write *list, *w, *next;
+	struct state_write *list, *w;
 	size_t off;
 	int rc, n, have;
 
@@ -278,16 +305,75 @@ static void *state_writer(void *arg)
 		pthread_mutex_lock(&st->lock);
 		st->counters.commits++;
 		st->counters.writes += (uint64_t)n;
-		pthread_mutex_unlock(&st->lock);
-		for (w = list; w; w = next) {
-			next = w->next;
-			state_report(st, w->rc);
-			if (w->w)
-				worker_post(w->w, &w->call); /* may free w */
-			else
-				w->call.fn(&w->call); /* a state_write_wait */
+		if (st->sync == STATE_SYNC_SERIAL) {
+			/* LMDB synced inside the commit. */
+			st->counters.syncs++;
+			st->counters.synced_writes += (uint64_t)n;
 		}
+		if (st->sync == STATE_SYNC_PIPELINED) {
+			/* Durable only once a sync that began after this
+			 * commit is done: the sync thread posts them. */
+			*st->committed_tail = list;
+			for (w = list; w->next; w = w->next)
+				;
+			st->committed_tail = &w->next;
+			pthread_cond_signal(&st->sync_cond);
+			list = NULL;
+		}
+		pthread_mutex_unlock(&st->lock);
+		state_post_done(st, list);
 	}
+}
+
+/* The sync thread: take every write committed so far, make them durable
+ * with one fdatasync of the environment, then post them. The writer keeps
+ * committing meanwhile; what it commits during a sync waits for the next
+ * one. A sync that fails fails every write it was to cover. */
+static void *state_syncer(void *arg)
+{
+	struct state *st = arg;
+	struct state_write *list, *w;
+	int (*hook)(void *);
+	void *hook_arg;
+	int rc, n;
+
+	for (;;) {
+		pthread_mutex_lock(&st->lock);
+		while (st->committed == NULL && !st->sync_stop)
+			pthread_cond_wait(&st->sync_cond, &st->lock);
+		list = st->committed;
+		st->committed = NULL;
+		st->committed_tail = &st->committed;
+		hook = st->sync_hook;
+		hook_arg = st->sync_hook_arg;
+		pthread_mutex_unlock(&st->lock);
+		if (list == NULL)
+			return NULL;
+		rc = hook ? hook(hook_arg) : 0;
+		if (rc == 0)
+			rc = mdb_env_sync(st->env, 1);
+		for (w = list, n = 0; w; w = w->next, n++)
+			if (rc != 0 && w->rc == STATE_OK)
+				w->rc = state_rc_of(rc) == STATE_FULL ? STATE_FULL : STATE_IO;
+		if (rc != 0)
+			log_error("state: sync failed: %s; the %d writes it covered fail",
+				  mdb_strerror(rc), n);
+		pthread_mutex_lock(&st->lock);
+		st->counters.syncs++;
+		st->counters.synced_writes += (uint64_t)n;
+		pthread_mutex_unlock(&st->lock);
+		state_post_done(st, list);
+	}
+}
+
+/* Stop the sync thread once it has synced and posted what was committed. */
+static void state_stop_syncer(struct state *st)
+{
+	pthread_mutex_lock(&st->lock);
+	st->sync_stop = 1;
+	pthread_cond_signal(&st->sync_cond);
+	pthread_mutex_unlock(&st->lock);
+	pthread_join(st->syncer, NULL);
 }
 
 struct state *state_open(const struct state_settings *set, char *err, size_t errlen)
@@ -312,7 +398,8 @@ struct state *state_open(const struct state_settings *set, char *err, size_t err
 	if (rc == 0)
 		rc = mdb_env_set_maxreaders(st->env, 1024);
 	if (rc == 0)
-		rc = mdb_env_open(st->env, set->dir, MDB_NOTLS | (set->sync ? 0 : MDB_NOSYNC),
+		rc = mdb_env_open(st->env, set->dir,
+				  MDB_NOTLS | (set->sync == STATE_SYNC_SERIAL ? 0 : MDB_NOSYNC),
 				  0640);
 	if (rc != 0) {
 		snprintf(err, errlen, "%s: %s", set->dir, mdb_strerror(rc));
@@ -324,14 +411,30 @@ struct state *state_open(const struct state_settings *set, char *err, size_t err
 	pthread_mutex_init(&st->lock, NULL);
 	pthread_mutex_init(&st->dbi_lock, NULL);
 	pthread_cond_init(&st->cond, NULL);
+	pthread_cond_init(&st->sync_cond, NULL);
 	st->tail = &st->head;
+	st->committed_tail = &st->committed;
+	st->sync = set->sync;
+	if (st->sync == STATE_SYNC_PIPELINED &&
+	    pthread_create(&st->syncer, NULL, state_syncer, st) != 0) {
+		snprintf(err, errlen, "cannot start the sync thread");
+		goto fail;
+	}
 	if (pthread_create(&st->writer, NULL, state_writer, st) != 0) {
 		snprintf(err, errlen, "cannot start the writer thread");
-		mdb_env_close(st->env);
-		free(st);
-		return NULL;
+		if (st->sync == STATE_SYNC_PIPELINED)
+			state_stop_syncer(st);
+		goto fail;
 	}
 	return st;
+fail:
+	mdb_env_close(st->env);
+	pthread_mutex_destroy(&st->lock);
+	pthread_mutex_destroy(&st->dbi_lock);
+	pthread_cond_destroy(&st->cond);
+	pthread_cond_destroy(&st->sync_cond);
+	free(st);
+	return NULL;
 }
 
 void state_close(struct state *st)
@@ -346,8 +449,11 @@ void state_close(struct state *st)
 	pthread_mutex_unlock(&st->lock);
 	pthread_join(st->writer, NULL);
 	/* The writer ends only once the queue is empty; later writes were
-	 * refused. */
+	 * refused. What it committed last is synced before the syncer ends. */
 	ACEMQ_ASSERT(st->head == NULL);
+	if (st->sync == STATE_SYNC_PIPELINED)
+		state_stop_syncer(st);
+	ACEMQ_ASSERT(st->committed == NULL);
 	for (i = 0; i < st->ndbis; i++)
 		free(st->dbis[i].name);
 	free(st->dbis);
@@ -356,7 +462,16 @@ void state_close(struct state *st)
 	pthread_mutex_destroy(&st->lock);
 	pthread_mutex_destroy(&st->dbi_lock);
 	pthread_cond_destroy(&st->cond);
+	pthread_cond_destroy(&st->sync_cond);
 	free(st);
+}
+
+void state_test_sync_hook(struct state *st, int (*fn)(void *arg), void *arg)
+{
+	pthread_mutex_lock(&st->lock);
+	st->sync_hook = fn;
+	st->sync_hook_arg = arg;
+	pthread_mutex_unlock(&st->lock);
 }
 
 /* Queue a list of writes; one wake-up of the writer for all of them. */
@@ -374,7 +489,7 @@ static void state_enqueue(struct state *st, struct state_write *head, struct sta
 			if (w->w)
 				worker_post(w->w, &w->call);
 			else
-				w->call.fn(&w->call); /* a state_post's, on this thread */
+				w->call.fn(&w->call); /* state_post: nobody waits */
 		}
 		return;
 	}

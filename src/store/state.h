@@ -1,7 +1,8 @@
 /* state: the proxy's own state in one LMDB environment under --data-dir:
  * named databases per vhost and purpose, reads from any thread, and writes
  * through one writer thread that commits everything queued in one
- * transaction (group commit) and tells each requester when its write is
+ * transaction (group commit); a sync thread makes the commits durable while
+ * the next ones are written, and each requester is told when its write is
  * durable. */
 #ifndef ACEMQ_STATE_H
 #define ACEMQ_STATE_H
@@ -54,10 +55,17 @@ struct state_write {
 	struct state_write *next;
 };
 
+/* Who makes commits durable. */
+enum state_sync {
+	STATE_SYNC_NONE = 0,      /* nobody: MDB_NOSYNC, the page cache only */
+	STATE_SYNC_PIPELINED = 1, /* the sync thread, overlapping later commits */
+	STATE_SYNC_SERIAL = 2,    /* LMDB inside each commit, in series */
+};
+
 struct state_settings {
 	const char *dir;
 	uint64_t map_size; /* bytes */
-	int sync;          /* 1: fsync every commit (durable); 0: MDB_NOSYNC */
+	int sync;          /* enum state_sync */
 };
 
 /* Open (creating dir) and start the writer thread. NULL on failure, with
@@ -93,11 +101,17 @@ int state_scan(struct state *st, const char *db, const void *first, size_t flen,
 /* Counters since start, for the admin view. */
 struct state_counters {
 	uint64_t commits, writes, write_errors, full_errors;
+	uint64_t syncs, synced_writes;  /* syncs done, and the writes they made durable */
 	uint64_t used_bytes, map_bytes; /* pages in use, and the map's size */
 };
 void state_counters(struct state *st, struct state_counters *out);
 
 const char *state_strerror(int rc);
+
+/* Tests: fn(arg) runs on the sync thread before each sync it makes; it
+ * may block (holding the writes of that sync back), and a non-zero errno
+ * it returns stands for the sync failing. NULL removes it. */
+void state_test_sync_hook(struct state *st, int (*fn)(void *arg), void *arg);
 
 /* Wall-clock milliseconds since the epoch: the time stored in records. */
 uint64_t state_now_ms(void);

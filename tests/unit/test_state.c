@@ -1,18 +1,23 @@
 /* test_state: the state layer over a real LMDB environment: writes reported
  * on the worker's loop once durable, group commit, reads and scans, a full
  * map failing only the writes that do not fit, persistence across a
- * reopen, and writes after close refused. */
+ * reopen, writes after close refused, and the pipelined sync: commits go on
+ * while a sync runs, no completion before the sync covering its commit, a
+ * failed sync failing exactly the writes it covered. */
 #include "tests/unit/unit.h"
 
 #include "src/store/state.h"
 #include "src/worker.h"
 
 #include <check.h>
+#include <errno.h>
 #include <event2/event.h>
 #include <event2/thread.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 struct req {
@@ -63,14 +68,19 @@ static void wait_done(int *done, int n)
 	ck_assert_int_eq(*done, n);
 }
 
-static struct state *open_state(uint64_t map)
+static struct state *open_state_sync(uint64_t map, int sync)
 {
-	struct state_settings set = {tdir, map, 1};
+	struct state_settings set = {tdir, map, sync};
 	char err[256];
 	struct state *st = state_open(&set, err, sizeof(err));
 
 	ck_assert_msg(st != NULL, "%s", err);
 	return st;
+}
+
+static struct state *open_state(uint64_t map)
+{
+	return open_state_sync(map, STATE_SYNC_PIPELINED);
 }
 
 static void setup(void)
@@ -182,6 +192,244 @@ START_TEST(test_bad_directory_is_an_error)
 }
 END_TEST
 
+/* A sync hook that holds the sync thread until released, then returns the
+ * error it was given (0: the real sync runs). */
+struct gate {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	int entered; /* syncs that reached the hook */
+	int open;    /* syncs let through */
+	int fail;    /* errno for the next sync let through, then 0 */
+};
+
+static struct gate gate = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0};
+
+static int gate_hook(void *arg)
+{
+	struct gate *g = arg;
+	int rc, me;
+
+	pthread_mutex_lock(&g->lock);
+	me = g->entered++;
+	pthread_cond_broadcast(&g->cond);
+	while (g->open <= me)
+		pthread_cond_wait(&g->cond, &g->lock);
+	rc = g->fail;
+	g->fail = 0;
+	pthread_mutex_unlock(&g->lock);
+	return rc;
+}
+
+static void gate_reset(void)
+{
+	pthread_mutex_lock(&gate.lock);
+	gate.entered = gate.open = gate.fail = 0;
+	pthread_mutex_unlock(&gate.lock);
+}
+
+static int gate_entered(void)
+{
+	int n;
+
+	pthread_mutex_lock(&gate.lock);
+	n = gate.entered;
+	pthread_mutex_unlock(&gate.lock);
+	return n;
+}
+
+/* Wait (at most 10 s) until n syncs have reached the hook. */
+static void gate_wait_entered(int n)
+{
+	struct timespec until;
+	int entered;
+
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += 10;
+	pthread_mutex_lock(&gate.lock);
+	while (gate.entered < n &&
+	       pthread_cond_timedwait(&gate.cond, &gate.lock, &until) != ETIMEDOUT)
+		;
+	entered = gate.entered;
+	pthread_mutex_unlock(&gate.lock);
+	ck_assert_int_ge(entered, n);
+}
+
+/* Let the next sync through, failing with err (0: it succeeds). */
+static void gate_release(int err)
+{
+	pthread_mutex_lock(&gate.lock);
+	gate.fail = err;
+	gate.open++;
+	pthread_cond_broadcast(&gate.cond);
+	pthread_mutex_unlock(&gate.lock);
+}
+
+/* Run the loop for a while: what should not arrive has had its chance. */
+static void pump(int ms)
+{
+	int i;
+
+	for (i = 0; i < ms; i++) {
+		event_base_loop(tw.base, EVLOOP_NONBLOCK);
+		worker_run_posted(&tw);
+		usleep(1000);
+	}
+}
+
+/* Until the writer has committed n writes in all: committed writes are
+ * counted where they are handed to the sync thread, under the same lock,
+ * so all of them wait for the next sync. */
+static void wait_writes(struct state *st, uint64_t n)
+{
+	struct state_counters c;
+	int spins = 0;
+
+	for (;;) {
+		state_counters(st, &c);
+		if (c.writes >= n || spins++ >= 5000)
+			break;
+		usleep(1000);
+	}
+	ck_assert_uint_eq(c.writes, n);
+}
+
+/* Submit writes first..last-1 (keys k<i>) from this thread. */
+static void submit(struct state *st, struct req *r, int *done, int first, int last)
+{
+	int i;
+
+	for (i = first; i < last; i++) {
+		req_init(&r[i], done, "claims:/", i, "value", 5);
+		state_submit(st, &r[i].w);
+	}
+	pump(1); /* a turn's writes go to the writer */
+}
+
+START_TEST(test_completions_wait_for_the_sync_covering_them)
+{
+	struct state *st = open_state(64 << 20);
+	static struct req r[50];
+	struct state_counters c;
+	char buf[64];
+	int done = 0, i;
+
+	gate_reset();
+	state_test_sync_hook(st, gate_hook, &gate);
+	/* One write, and the sync covering it held. */
+	submit(st, r, &done, 0, 1);
+	gate_wait_entered(1);
+	/* The next writes commit while that sync is held (readers see them)
+	 * and wait for a sync of their own; nothing completes meanwhile. */
+	submit(st, r, &done, 1, 50);
+	wait_writes(st, 50);
+	ck_assert_int_eq(state_get(st, "claims:/", "k000049", 7, get_copy, buf), STATE_OK);
+	state_counters(st, &c);
+	ck_assert_uint_ge(c.commits, 2);
+	ck_assert_uint_eq(c.syncs, 0);
+	pump(200);
+	ck_assert_int_eq(done, 0);
+	/* The first sync, once done, reports only the write it covered. */
+	gate_release(0);
+	wait_done(&done, 1);
+	gate_wait_entered(2);
+	pump(100);
+	ck_assert_int_eq(done, 1);
+	ck_assert_int_eq(r[0].rc, STATE_OK);
+	/* The second covers the rest. */
+	gate_release(0);
+	wait_done(&done, 50);
+	for (i = 0; i < 50; i++)
+		ck_assert_int_eq(r[i].rc, STATE_OK);
+	state_counters(st, &c);
+	ck_assert_uint_eq(c.syncs, 2);
+	ck_assert_uint_eq(c.synced_writes, 50);
+	state_test_sync_hook(st, NULL, NULL);
+	state_close(st);
+}
+END_TEST
+
+START_TEST(test_failed_sync_fails_every_write_it_covered)
+{
+	struct state *st = open_state(64 << 20);
+	static struct req r[61];
+	struct state_counters c;
+	int done = 0, i;
+
+	gate_reset();
+	state_test_sync_hook(st, gate_hook, &gate);
+	/* Sync 1 covers write 0 (held); writes 1-40 commit meanwhile, so sync
+	 * 2 covers exactly them; 41-60 commit while sync 2 is held. */
+	submit(st, r, &done, 0, 1);
+	gate_wait_entered(1);
+	submit(st, r, &done, 1, 41);
+	wait_writes(st, 41);
+	gate_release(0);
+	wait_done(&done, 1);
+	gate_wait_entered(2);
+	submit(st, r, &done, 41, 61);
+	wait_writes(st, 61);
+	/* Sync 2 fails: every write it covered fails, and only those. */
+	gate_release(EIO);
+	wait_done(&done, 41);
+	for (i = 1; i < 41; i++)
+		ck_assert_int_eq(r[i].rc, STATE_IO);
+	gate_wait_entered(3);
+	pump(100);
+	ck_assert_int_eq(done, 41);
+	gate_release(0);
+	wait_done(&done, 61);
+	ck_assert_int_eq(r[0].rc, STATE_OK);
+	for (i = 41; i < 61; i++)
+		ck_assert_int_eq(r[i].rc, STATE_OK);
+	state_counters(st, &c);
+	ck_assert_uint_eq(c.write_errors, 40);
+	ck_assert_uint_eq(c.syncs, 3);
+	/* A full disk on sync is reported as such. */
+	submit(st, r, &done, 0, 1);
+	gate_wait_entered(4);
+	gate_release(ENOSPC);
+	wait_done(&done, 62);
+	ck_assert_int_eq(r[0].rc, STATE_FULL);
+	state_test_sync_hook(st, NULL, NULL);
+	state_close(st);
+}
+END_TEST
+
+/* Without the sync thread (no fsync, or LMDB's own in each commit) the
+ * hook never runs and writes complete, counted. */
+START_TEST(test_sync_off_and_serial)
+{
+	static struct req r[20];
+	struct state_counters c;
+	struct state *st;
+	char buf[64];
+	int done = 0, i, mode;
+
+	for (mode = STATE_SYNC_NONE; mode <= STATE_SYNC_SERIAL; mode += 2) {
+		st = open_state_sync(64 << 20, mode);
+		gate_reset();
+		state_test_sync_hook(st, gate_hook, &gate);
+		for (i = 0; i < 20; i++) {
+			req_init(&r[i], &done, "claims:/", i, "value", 5);
+			state_submit(st, &r[i].w);
+		}
+		wait_done(&done, 20);
+		for (i = 0; i < 20; i++)
+			ck_assert_int_eq(r[i].rc, STATE_OK);
+		ck_assert_int_eq(gate_entered(), 0);
+		state_counters(st, &c);
+		ck_assert_uint_eq(c.writes, 20);
+		ck_assert_uint_eq(c.syncs, mode == STATE_SYNC_SERIAL ? c.commits : 0);
+		ck_assert_uint_eq(c.synced_writes, mode == STATE_SYNC_SERIAL ? 20 : 0);
+		state_close(st);
+		done = 0;
+	}
+	st = open_state(64 << 20);
+	ck_assert_int_eq(state_get(st, "claims:/", "k000019", 7, get_copy, buf), STATE_OK);
+	state_close(st);
+}
+END_TEST
+
 int main(void)
 {
 	TCase *tc = tcase_create("state");
@@ -191,5 +439,8 @@ int main(void)
 	tcase_add_test(tc, test_write_read_and_group_commit);
 	tcase_add_test(tc, test_full_map_fails_only_what_does_not_fit);
 	tcase_add_test(tc, test_bad_directory_is_an_error);
+	tcase_add_test(tc, test_completions_wait_for_the_sync_covering_them);
+	tcase_add_test(tc, test_failed_sync_fails_every_write_it_covered);
+	tcase_add_test(tc, test_sync_off_and_serial);
 	return unit_run("state", tc, 0);
 }

@@ -63,7 +63,9 @@ def dd():
         f.write('{"vhost": "%s", "upstream": ["127.0.0.1:%d"], "dedup_publish": {"match": %s}}'
                 % (VHOST_HELD, relay.port, match))
     admin = support.free_port()
-    p = Proxy(rules, data, ["--admin", "127.0.0.1:%d" % admin, "--purge-interval-s", "1"])
+    # state_sync 1 (the pipelined sync), which a test below counts.
+    p = Proxy(rules, data, ["--admin", "127.0.0.1:%d" % admin, "--purge-interval-s", "1",
+                            "--state-sync", "1"])
     p.admin = admin
     p.top, p.rules_dir, p.data_dir = top, rules, data
     p.relay = relay
@@ -343,6 +345,15 @@ def test_pipelined_batch_keeps_order(dd):
     assert after["dedup_duplicate"] - before["dedup_duplicate"] == checked - len(values)
     commits = after["state_commits"] - before["state_commits"]
     assert commits < checked // 4, (commits, checked)
+    # Every write is made durable by a sync of its own or a later commit's
+    # (state_sync=1: syncs overlap the commits that follow them).
+    deadline = time.monotonic() + 5
+    while after["state_synced_writes"] != after["state_writes"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+        after = stats(dd)
+    assert after["state_synced_writes"] == after["state_writes"]
+    syncs = after["state_syncs"] - before["state_syncs"]
+    assert 0 < syncs <= after["state_commits"] - before["state_commits"]
 
 
 def test_two_connections_race(dd):
