@@ -191,14 +191,38 @@ def test_fleet_kill_and_restart_mid_traffic(fleet):
                                  len(big_handled), len(objects), len(big_errors)))
 
 
+def land_on_each(lb, a, b):
+    """Two connections through lb: the first on a, the second on b."""
+    on, extra = {}, []
+    for _ in range(12):
+        before = (a.stats()["connections_open"], b.stats()["connections_open"])
+        c = connect(lb.port)
+        now, deadline = before, time.time() + 5
+        while now == before and time.time() < deadline:
+            time.sleep(0.05)
+            now = (a.stats()["connections_open"], b.stats()["connections_open"])
+        which = a if now[0] > before[0] else b
+        if which in on:
+            extra.append(c)
+        else:
+            on[which] = c
+        if len(on) == 2:
+            break
+    for c in extra:
+        c.close()
+    assert len(on) == 2, "the load balancer sent every connection to one proxy"
+    return on[a], on[b]
+
+
 def test_fleet_claim_published_on_one_proxy_consumed_on_the_other(fleet):
-    """A connection to each proxy (straight to it: which one the load
-    balancer picks after the kill test's restart depends on its health
-    checks): what one offloads to S3 the other rehydrates, both ways, byte
-    for byte."""
-    a, b, s3 = fleet["a"], fleet["b"], fleet["s3"]
+    """A connection on each proxy (through the load balancer, which sends
+    the PROXY header they require; which proxy it picks after the kill
+    test's restart depends on its health checks, so connections are opened
+    until one has landed on each): what one offloads to S3 the other
+    rehydrates, both ways, byte for byte."""
+    lb, a, b, s3 = fleet["lb"], fleet["a"], fleet["b"], fleet["s3"]
+    first, second = land_on_each(lb, a, b)
     before = {m: m.stats() for m in (a, b)}
-    first, second = connect(a.proxy.port), connect(b.proxy.port)
     got = []
     for pub, con in ((first, second), (second, first)):
         body = os.urandom(BIG)
