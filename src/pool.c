@@ -329,6 +329,23 @@ void pool_att_close(struct pool_att *a, uint16_t code, const char *text)
 	pool_feed(a);
 }
 
+static uint64_t pool_now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* a waits for room (or for the pool's credential check) until its
+ * deadline: set when it came, before its session's handshake timeout, so
+ * the pool's refusal (530, with the reason) is what the client hears. */
+static void pool_wait_start(struct pool_att *a)
+{
+	a->phase = ATT_WAIT;
+	pool_waiting_add(1);
+}
+
 static void pool_att_unwait(struct pool_att *a)
 {
 	if (a->phase == ATT_WAIT)
@@ -400,9 +417,7 @@ static void pool_place(struct pool_att *a)
 	}
 	if (a->phase != ATT_WAIT) {
 		a->phase = ATT_WAIT;
-		a->wait_until =
-		    time(NULL) + (worker_settings.handshake_timeout_ms + 999) / 1000;
-		pool_waiting_add(1);
+		pool_wait_start(a);
 	}
 	if (p->wait_timer == NULL)
 		p->wait_timer = evtimer_new(p->home->base, pool_wait_cb, p);
@@ -415,7 +430,7 @@ static void pool_place(struct pool_att *a)
 void pool_retry_waiting(struct pool *p)
 {
 	struct pool_att *a;
-	time_t now = time(NULL);
+	uint64_t now = pool_now_ms();
 
 	list_for_each_entry_safe (a, &p->waiting, node) {
 		if (a->phase != ATT_WAIT)
@@ -523,10 +538,7 @@ static void pool_check(struct pool_att *a)
 				/* Another check is out: wait for it. */
 				if (a->phase != ATT_WAIT) {
 					a->phase = ATT_WAIT;
-					a->wait_until =
-					    time(NULL) +
-					    (worker_settings.handshake_timeout_ms + 999) / 1000;
-					pool_waiting_add(1);
+					pool_wait_start(a);
 				}
 				a->needs_check = 1;
 				if (p->wait_timer == NULL)
@@ -604,6 +616,7 @@ static struct pool_att *pool_attach(struct pool_xfer *x)
 	p->cfg = x->cfg;
 	p->upstreams = x->upstreams;
 	a->x = x;
+	a->wait_until = x->deadline_ms;
 	a->session_id = x->session_id;
 	a->pool = p;
 	a->phase = ATT_START;
@@ -704,6 +717,17 @@ static void pool_to_p(struct worker_call *call)
 	pool_xfer_unref(x); /* the call's */
 }
 
+/* What is left of s's handshake time, less a margin for the refusal to
+ * reach the client first. */
+static long pool_wait_budget_ms(const struct session *s)
+{
+	long total = worker_settings.handshake_timeout_ms;
+	long spent = (long)(time(NULL) - s->opened) * 1000;
+	long left = total - spent - 1000;
+
+	return left > 200 ? left : 200;
+}
+
 int pool_dial(struct session *s, const struct rules_vhost *v)
 {
 	struct pool_xfer *x = calloc(1, sizeof(*x));
@@ -737,6 +761,9 @@ int pool_dial(struct session *s, const struct rules_vhost *v)
 	x->s = s;
 	x->at = -1;
 	x->session_id = s->id;
+	/* A client waiting for room is refused a little before its
+	 * handshake timeout (counted from its accept) would close it. */
+	x->deadline_ms = pool_now_ms() + (uint64_t)pool_wait_budget_ms(s);
 	x->cfg = v->pool;
 	x->upstreams = v->upstream;
 	session_leg_setup(s, &s->upstream, x->tr, DIR_TO_CLIENT);

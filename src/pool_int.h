@@ -123,6 +123,7 @@ struct pool_xfer {
 	int a_full;      /* atomic: written by A, the session's input is full */
 	/* set by A before the first post */
 	uint64_t session_id;
+	uint64_t deadline_ms; /* monotonic: a wait for room ends here */
 	struct rules_pool cfg;
 	struct upstream_list upstreams;
 };
@@ -141,10 +142,10 @@ struct pool_att {
 	uint8_t *refused; /* per N: closed by the pool, awaiting the client's close-ok */
 	uint32_t nmap;
 	uint8_t hash[POOL_HASH_LEN];
-	struct evbuffer *startok; /* the client's start-ok frame */
-	uint16_t heartbeat;       /* the client's */
-	time_t last_in;           /* a frame was given to the client */
-	time_t wait_until;
+	struct evbuffer *startok;  /* the client's start-ok frame */
+	uint16_t heartbeat;        /* the client's */
+	time_t last_in;            /* a frame was given to the client */
+	uint64_t wait_until;       /* monotonic ms: refused (530) past it while waiting */
 	unsigned closing_chans;    /* its broker channels still closing before close-ok */
 	unsigned caps_blocked : 1; /* the client takes connection.blocked */
 	unsigned consumed : 1;     /* it sent basic.consume or basic.get */
