@@ -194,15 +194,6 @@ void pool_feed(struct pool_att *a)
 	}
 }
 
-/* P: the broker connection has room for the client's frames again. */
-void pool_att_kick(struct pool_att *a)
-{
-	pthread_mutex_lock(&a->x->lock);
-	a->x->kick = 1;
-	pool_post_a(a->x);
-	pthread_mutex_unlock(&a->x->lock);
-}
-
 /* P: the broker side is gone; the session reads what it was given, then
  * the end. */
 void pool_att_end(struct pool_att *a)

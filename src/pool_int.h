@@ -189,7 +189,6 @@ void pool_bind(struct pool_att *a, struct pool_conn *c);
 void pool_att_close(struct pool_att *a, uint16_t code, const char *text);
 void pool_feed(struct pool_att *a);
 void pool_channels_add(int delta);
-void pool_att_kick(struct pool_att *a);
 void pool_att_end(struct pool_att *a);
 void pool_conns_add(struct pool *p, int delta);
 void pool_retry_waiting(struct pool *p);

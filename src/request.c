@@ -50,6 +50,10 @@ int request_method(struct session *s, struct leg *from, const struct frame_info 
 			fault_refuse(s, LIMITS_MAX_CHANNELS, fi);
 			return RELAY_CLOSED;
 		}
+		/* Whatever the number held goes, and the hooks hear of it as of
+		 * a close: a second open of a live number would otherwise leave
+		 * their entries on tags the reset forgot. */
+		pipeline_channel_closed(&s->pipe, ch);
 		session_channel_shut(s, ch);
 		ch->open = 1;
 		s->nopen++;
