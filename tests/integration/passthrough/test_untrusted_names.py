@@ -25,6 +25,8 @@ FORGED = "2024-01-01T00:00:00.000Z error c=999 forged"
 # not UTF-8: within the 127 bytes the proxy keeps of a name.
 HOSTILE = "x\n" + FORGED + "\r\n\x1b[2J\x1b]0;pwned\x07\u009b31m\u2028"
 HOSTILE_BYTES = HOSTILE.encode("utf-8") + b"\xff"
+# The sanitizers' allocator keeps freed memory in a quarantine of its own
+SANITIZED = os.environ.get("ACEMQ_IT_SANITIZED") == "1"
 LINE_START = re.compile(rb"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (error|warning|info|debug) ")
 
 
@@ -163,7 +165,10 @@ def test_bogus_vhost_names_do_not_pile_up(rabbitmq, greeting_rules):
         batch(1000, 5000)
         after = rss_kb(p.proc.pid)
         print("proxy RSS %d kB, then %d kB after 5000 made-up vhost names" % (before, after))
-        assert after - before < 400, "RSS grew %d kB over 5000 made-up vhost names" % (after - before)
+        if not SANITIZED:  # there, LeakSanitizer at exit checks the entries went
+            assert after - before < 400, \
+                "RSS grew %d kB over 5000 made-up vhost names" % (after - before)
         assert p.alive()
+        assert p.stop() == 0, p.log_tail()
     finally:
         p.stop()

@@ -91,7 +91,7 @@ def proxy(dirs):
     support.ensure_rabbitmq(60)
     purge_ladder_if_there()
     p = Proxy(dirs["rules"], dirs["data"])
-    support.wait_until(lambda: p.engine().get("ladder_ready") == 1, 20)
+    assert support.wait_until(lambda: p.engine().get("ladder_ready") == 1, 20), p.engine()
     yield p
     check_stopped(p)
 

@@ -78,9 +78,11 @@ def test_delay_arrives_on_time_with_everything_intact(proxy, target):
             p.type, p.app_id, p.timestamp) == ("utf-8", "m-1", "c-1", 3, 2, "invoice",
                                                 "billing", 1700000000)
     assert p.headers == {"other": "kept", "n": 5, "nested": {"a": 1}}
+    # a delivery is counted when the broker confirms it, which may come
+    # after the target's consumer has it
+    assert support.wait_until(lambda: proxy.engine()["delivered"] >= before["delivered"] + 1, 10)
     after = proxy.engine()
     assert after["scheduled"] == before["scheduled"] + 1
-    assert after["delivered"] >= before["delivered"] + 1
     assert after["hops"] >= before["hops"] + 2  # 3 s: three 1 s rungs
 
 
@@ -316,7 +318,8 @@ def test_proxy_killed_with_sigkill_loses_nothing(dirs, target):
         p.kill9()
         time.sleep(2.5)
         p.start()
-        got = collect(target, len(sent) + 1, 15)
+        got = collect(target, len(sent), 15)
+        got += collect(target, 1, 3)  # and no second copy of any
         ids = [pr.message_id for _, pr, _ in got]
         assert sorted(ids) == sorted(sent), "lost or doubled: %s" % sorted(ids)
         for at, pr, _ in got:
@@ -339,12 +342,16 @@ def test_two_proxies_deliver_a_thousand_exactly_once(proxy, dirs, target):
                              pika.BasicProperties(message_id=str(i),
                                                   headers={"x-delay": 1000 + i % 1000}))
         c.close()
-        got = collect(target, 1001, 30)
+        got = collect(target, 1000, 30)
+        got += collect(target, 1, 3)  # and no second copy of any
         ids = [pr.message_id for _, pr, _ in got]
         assert len(ids) == 1000 and len(set(ids)) == 1000
+        # counted when the broker confirms, which may follow the consumer
+        assert support.wait_until(lambda: proxy.engine()["delivered"] - a0
+                                  + second.engine()["delivered"] - b0 >= 1000, 10)
         a = proxy.engine()["delivered"] - a0
         b = second.engine()["delivered"] - b0
-        assert a + b >= 1000 and a > 0 and b > 0, (a, b)
+        assert a > 0 and b > 0, (a, b)
     finally:
         check_stopped(second)
 
