@@ -2,10 +2,12 @@
  * project's own bounded HTTP server (http.c). */
 #include "admin.h"
 
+#include "admin_control.h"
 #include "admin_replay.h"
 #include "admin_schedule.h"
 #include "build_config.h"
 #include "config.h"
+#include "control.h"
 #include "engine.h"
 #include "http.h"
 #include "log.h"
@@ -182,23 +184,27 @@ out:
 	evbuffer_free(out);
 }
 
-/* GET /connections: a row per client, each worker describing its own
- * sessions on its own thread; a worker that does not answer within a
- * second (it is draining, or stuck) is left out and named. */
-struct admin_conns {
+/* Work fanned out to every worker, each on its own thread; the caller
+ * waits a second at most. A worker that does not answer in time (it is
+ * draining, or stuck) runs it later against the shared record, which goes
+ * with its last reference. */
+struct admin_fanout {
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
 	struct evbuffer *rows;
-	int pending, refs, nrows;
+	int pending, refs, total;
+	admin_each_fn fn;
+	void *arg;
+	void (*free_arg)(void *arg);
 };
 
-struct admin_snap {
+struct admin_fanout_call {
 	struct worker_call call; /* first */
 	struct worker *w;
-	struct admin_conns *all;
+	struct admin_fanout *all;
 };
 
-static void admin_conns_unref(struct admin_conns *all)
+static void admin_fanout_unref(struct admin_fanout *all)
 {
 	int last;
 
@@ -207,21 +213,90 @@ static void admin_conns_unref(struct admin_conns *all)
 	pthread_mutex_unlock(&all->lock);
 	if (!last)
 		return;
+	if (all->free_arg)
+		all->free_arg(all->arg);
 	evbuffer_free(all->rows);
 	pthread_cond_destroy(&all->cond);
 	pthread_mutex_destroy(&all->lock);
 	free(all);
 }
 
-static void admin_snap_run(struct worker_call *c)
+static void admin_fanout_run(struct worker_call *c)
 {
-	struct admin_snap *snap = (struct admin_snap *)c;
-	struct admin_conns *all = snap->all;
+	struct admin_fanout_call *fc = (struct admin_fanout_call *)c;
+	struct admin_fanout *all = fc->all;
 	struct evbuffer *mine = evbuffer_new();
+	int n = all->fn(fc->w, all->arg, mine);
+
+	pthread_mutex_lock(&all->lock);
+	if (mine)
+		evbuffer_add_buffer(all->rows, mine);
+	all->total += n;
+	all->pending--;
+	pthread_cond_signal(&all->cond);
+	pthread_mutex_unlock(&all->lock);
+	if (mine)
+		evbuffer_free(mine);
+	admin_fanout_unref(all);
+	free(fc);
+}
+
+int admin_each_worker(admin_each_fn fn, void *arg, void (*free_arg)(void *arg),
+		      struct evbuffer *rows, int *missing)
+{
+	struct admin_fanout *all;
+	struct timespec until;
+	int i, total;
+
+	if ((all = calloc(1, sizeof(*all))) == NULL || (all->rows = evbuffer_new()) == NULL) {
+		free(all);
+		if (free_arg)
+			free_arg(arg);
+		return -1;
+	}
+	pthread_mutex_init(&all->lock, NULL);
+	pthread_cond_init(&all->cond, NULL);
+	all->refs = 1;
+	all->fn = fn;
+	all->arg = arg;
+	all->free_arg = free_arg;
+	for (i = 0; i < admin_nworkers; i++) {
+		struct admin_fanout_call *fc = calloc(1, sizeof(*fc));
+
+		if (fc == NULL)
+			continue;
+		fc->call.fn = admin_fanout_run;
+		fc->w = &admin_workers[i];
+		fc->all = all;
+		pthread_mutex_lock(&all->lock);
+		all->pending++;
+		all->refs++;
+		pthread_mutex_unlock(&all->lock);
+		worker_post(&admin_workers[i], &fc->call);
+	}
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += 1;
+	pthread_mutex_lock(&all->lock);
+	while (all->pending > 0 && pthread_cond_timedwait(&all->cond, &all->lock, &until) == 0)
+		;
+	if (missing)
+		*missing = all->pending;
+	total = all->total;
+	if (rows)
+		evbuffer_add_buffer(rows, all->rows);
+	pthread_mutex_unlock(&all->lock);
+	admin_fanout_unref(all);
+	return total;
+}
+
+/* GET /connections: a row per client, each worker describing its own
+ * sessions. */
+static int admin_describe(struct worker *w, void *arg, struct evbuffer *mine)
+{
 	struct session *s;
 	int n = 0;
 
-	list_for_each_entry (s, &snap->w->sessions, link) {
+	list_for_each_entry (s, &w->sessions, link) {
 		if (mine == NULL)
 			break;
 		if (s->state == SESSION_GONE)
@@ -231,73 +306,39 @@ static void admin_snap_run(struct worker_call *c)
 		evbuffer_add_printf(mine, ",");
 		n++;
 	}
-	pthread_mutex_lock(&all->lock);
-	if (mine)
-		evbuffer_add_buffer(all->rows, mine);
-	all->nrows += n;
-	all->pending--;
-	pthread_cond_signal(&all->cond);
-	pthread_mutex_unlock(&all->lock);
-	if (mine)
-		evbuffer_free(mine);
-	admin_conns_unref(all);
-	free(snap);
+	return n;
 }
 
 static void admin_connections(struct http_request *req, void *arg)
 {
-	struct admin_conns *all;
-	struct evbuffer *out;
-	struct timespec until;
+	struct evbuffer *rows = evbuffer_new(), *out = evbuffer_new();
+	int n, missing = 0;
 	size_t len;
-	int i, missing;
 
-	if ((all = calloc(1, sizeof(*all))) == NULL || (all->rows = evbuffer_new()) == NULL) {
-		free(all);
+	n = rows && out ? admin_each_worker(admin_describe, NULL, NULL, rows, &missing) : -1;
+	if (n < 0) {
 		http_reply_text(req, 500, "out of memory\n");
-		return;
+		goto done;
 	}
-	pthread_mutex_init(&all->lock, NULL);
-	pthread_cond_init(&all->cond, NULL);
-	all->refs = 1;
-	for (i = 0; i < admin_nworkers; i++) {
-		struct admin_snap *snap = calloc(1, sizeof(*snap));
-
-		if (snap == NULL)
-			continue;
-		snap->call.fn = admin_snap_run;
-		snap->w = &admin_workers[i];
-		snap->all = all;
-		pthread_mutex_lock(&all->lock);
-		all->pending++;
-		all->refs++;
-		pthread_mutex_unlock(&all->lock);
-		worker_post(&admin_workers[i], &snap->call);
-	}
-	clock_gettime(CLOCK_REALTIME, &until);
-	until.tv_sec += 1;
-	out = evbuffer_new();
-	pthread_mutex_lock(&all->lock);
-	while (all->pending > 0 && pthread_cond_timedwait(&all->cond, &all->lock, &until) == 0)
-		;
-	missing = all->pending;
 	evbuffer_add_printf(out,
 			    "{\n  \"connections\": %d,\n  \"workers_not_answering\": %d,"
 			    "\n  \"rows\": [",
-			    all->nrows, missing);
-	len = evbuffer_get_length(all->rows);
+			    n, missing);
+	len = evbuffer_get_length(rows);
 	if (len > 0) {
-		const char *text = (const char *)evbuffer_pullup(all->rows, -1);
+		const char *text = (const char *)evbuffer_pullup(rows, -1);
 
 		/* Every row ends with a comma; the last one's goes. */
 		evbuffer_add(out, text, text[len - 1] == ',' ? len - 1 : len);
 		evbuffer_add_printf(out, "\n  ");
 	}
 	evbuffer_add_printf(out, "]\n}\n");
-	pthread_mutex_unlock(&all->lock);
-	admin_conns_unref(all);
 	http_reply(req, 200, "application/json", out);
-	evbuffer_free(out);
+done:
+	if (rows)
+		evbuffer_free(rows);
+	if (out)
+		evbuffer_free(out);
 }
 
 static void admin_reload(struct http_request *req, void *arg)
@@ -344,9 +385,10 @@ static void admin_upstreams(struct evbuffer *out)
 	for (i = 0; i < n; i++) {
 		evbuffer_add_printf(out, "%s{\"address\": ", i ? ", " : "");
 		admin_json_str(out, upstream_node(i)->name);
-		evbuffer_add_printf(out, ", \"global\": %s, \"down\": %s}",
+		evbuffer_add_printf(out, ", \"global\": %s, \"down\": %s, \"disabled\": %s}",
 				    i < nglobal ? "true" : "false",
-				    upstream_down(i) ? "true" : "false");
+				    upstream_down(i) ? "true" : "false",
+				    upstream_disabled(i) ? "true" : "false");
 	}
 	evbuffer_add_printf(out, "]");
 }
@@ -368,6 +410,8 @@ static void admin_stats(struct http_request *req, void *arg)
 	    PACKAGE_VERSION, (long long)(time(NULL) - admin_started), admin_nworkers, open,
 	    pg.connections, pg.channels, pg.waiting);
 	admin_upstreams(out);
+	evbuffer_add_printf(out, ",\n  \"paused_vhosts\": ");
+	control_paused_json(out);
 	if (admin_state) {
 		struct state_counters c;
 
@@ -468,6 +512,7 @@ static void admin_metrics(struct http_request *req, void *arg)
 			    "acemq_proxy_connections_open %lu\n",
 			    open);
 	admin_pool_metrics(out);
+	control_paused_metrics(out);
 	if (admin_state) {
 		struct state_counters c;
 
@@ -609,6 +654,13 @@ static void admin_rules(struct http_request *req, void *arg)
 			}
 			evbuffer_add_printf(out, "]");
 		}
+		if (v->limits.connections_per_s || v->limits.publish_bytes_per_s)
+			evbuffer_add_printf(out,
+					    ", \"limits\": {\"connections_per_s\": %ld, "
+					    "\"publish_bytes_per_s\": %ld, \"mode\": \"%s\"}",
+					    v->limits.connections_per_s,
+					    v->limits.publish_bytes_per_s,
+					    v->limits.alarm ? "alarm" : "enforce");
 		evbuffer_add_printf(out, ", \"schedule\": %s, \"idempotency\": %d}",
 				    v->schedule.enabled ? "true" : "false", v->nidempotency);
 	}
@@ -716,6 +768,9 @@ static const struct http_route admin_routes[] = {
     {"/rules", HTTP_GET, 0, 0, admin_rules, NULL},
     {"/reload", HTTP_POST, 0, 0, admin_reload, NULL},
     {"/connections", HTTP_GET, 0, 0, admin_connections, NULL},
+    {"/connections/", HTTP_POST, ADMIN_CONTROL_MAX_BODY, 0, admin_control, NULL},
+    {"/vhosts/", HTTP_POST, ADMIN_CONTROL_MAX_BODY, 0, admin_control, NULL},
+    {"/upstreams/", HTTP_POST, 0, 0, admin_control, NULL},
     {"/claims/", HTTP_GET, 0, 0, admin_claims, NULL},
     {"/schedule/", HTTP_GET | HTTP_DELETE, 0, 0, admin_schedule, &admin_rules_cb},
     {"/replay", HTTP_GET | HTTP_POST, ADMIN_REPLAY_MAX_BODY, 0, admin_replay, &admin_rules_cb},

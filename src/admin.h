@@ -9,6 +9,7 @@ struct config;
 struct worker;
 struct rules;
 struct state;
+struct evbuffer;
 
 /* Reload the rules; 0, or -1 with the errors in errors (malloc'd). */
 typedef int (*admin_reload_fn)(char **errors);
@@ -24,6 +25,15 @@ int admin_open(struct event_base *base, const char *addr, const struct config *c
 	       struct worker *workers, int nworkers, admin_reload_fn reload,
 	       admin_rules_fn rules);
 void admin_close(void);
+/* Run fn(w, arg, out) on every worker's own thread and wait a second at
+ * most: returns the sum of what they returned (-1 out of memory), what
+ * they wrote (in rows, when not NULL) and how many did not answer in time
+ * (in missing). arg must outlive a late worker: free_arg (may be NULL)
+ * frees it after the last one ran. On the admin's thread. */
+typedef int (*admin_each_fn)(struct worker *w, void *arg, struct evbuffer *out);
+int admin_each_worker(admin_each_fn fn, void *arg, void (*free_arg)(void *arg),
+		      struct evbuffer *rows, int *missing);
+
 /* The state layer whose counters /stats and /metrics show (may be NULL). */
 void admin_set_state(struct state *st);
 

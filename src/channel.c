@@ -42,6 +42,7 @@ static void channel_clear(struct channel *ch)
 	ch->consumers = NULL;
 	ch->nconsumers = 0;
 	ch->confirm_mode = 0;
+	ch->published = ch->confirmed = 0;
 	ch->get_no_ack = 0;
 	ch->consume_no_ack = 0;
 }

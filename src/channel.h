@@ -35,6 +35,8 @@ struct channel {
 	struct tagmap tags;
 	struct confirmmap confirms;
 	int confirm_mode;
+	uint64_t published;  /* publishes from the client since confirm.select */
+	uint64_t confirmed;  /* the highest sequence number the broker answered */
 	int open;            /* the client opened it (counted against max_channels) */
 	int closing_hold;    /* the client's frames wait for the broker's close-ok */
 	int proxy_closing;   /* the proxy closes it: close-oks still awaited */

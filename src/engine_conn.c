@@ -226,6 +226,10 @@ static int engine_conn_reach(struct engine_conn *c, const struct upstream_list *
 	const char *h;
 
 	for (i = 0; i < naddr && rc != 0; i++) {
+		/* An address the operator disabled is skipped (the global
+		 * list's are the table's first). */
+		if (upstream_disabled(own->n ? own->at[i] : i))
+			continue;
 		/* The vhost's own brokers when its rules name them. */
 		if (own->n == 0) {
 			h = engine_conn_cfg.hosts[i];

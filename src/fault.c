@@ -27,6 +27,12 @@ void fault_refuse(struct session *s, enum limits_reason r, const struct frame_in
 			 "max_channels (%ld)",
 			 s->nopen, limits_max_channels());
 		STATS_INC(&s->w->stats, refused_max_channels);
+	} else if (r == LIMITS_CONNECTION_RATE) {
+		snprintf(text, sizeof(text),
+			 "NOT_ALLOWED - vhost '%s' takes no more connections this second (its "
+			 "rules' limits.connections_per_s)",
+			 s->vhost);
+		STATS_INC(&s->w->stats, refused_connection_rate);
 	} else {
 		snprintf(text, sizeof(text),
 			 "NOT_ALLOWED - connection limit (%ld) for vhost '%s' reached "

@@ -8,6 +8,7 @@
 #include "../amqp/frame_scan.h"
 #include "../amqp/method.h"
 #include "../amqp/proxyproto.h"
+#include "control.h"
 #include "dial.h"
 #include "fault.h"
 #include "greeting.h"
@@ -228,6 +229,10 @@ static int handshake_opening(struct session *s, const amqp_connection_open_t *o,
 		return -1;
 	}
 	s->vhost_counted = limits_max_per_vhost() > 0;
+	if (control_opened(s) != 0) {
+		fault_refuse(s, LIMITS_CONNECTION_RATE, fi);
+		return -1;
+	}
 	pipeline_attach(&s->pipe);
 	return 0;
 }

@@ -31,7 +31,7 @@ static int limits_episode[LIMITS_REASONS];
 static long limits_open; /* atomic: client connections counted in */
 
 static const char *const limits_names[LIMITS_REASONS] = {
-    "max_connections", "max_connections_per_vhost", "max_channels"};
+    "max_connections", "max_connections_per_vhost", "max_channels", "limits.connections_per_s"};
 
 void limits_init(long max_connections_per_vhost, long max_channels)
 {

@@ -8,6 +8,7 @@ enum limits_reason {
 	LIMITS_MAX_CONNECTIONS,
 	LIMITS_MAX_CONNECTIONS_PER_VHOST,
 	LIMITS_MAX_CHANNELS,
+	LIMITS_CONNECTION_RATE, /* a vhost's rules' limits.connections_per_s */
 	LIMITS_REASONS
 };
 

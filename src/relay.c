@@ -207,8 +207,14 @@ static int relay_reads(const struct session *s, amqp_method_number_t id)
 }
 
 /* Does this frame need more than a byte move? Validates content order on
- * the client's side as it goes. Returns 1 to look, 0 to move, -1 on a
- * protocol error (session closing). */
+ * the client's side as it goes, and counts publishes in confirm mode and
+ * their answers (control.c drains by them). Returns 1 to look, 0 to move,
+ * RELAY_GATE to stop before it, -1 on a protocol error (session closing). */
+#define RELAY_GATE 3
+
+/* Content bytes a rated publisher sends between two asks of its bucket. */
+#define RELAY_RATE_CHUNK 16384
+
 static int relay_classify(struct session *s, struct leg *from, const struct frame_info *fi,
 			  struct channel **chp)
 {
@@ -250,6 +256,24 @@ static int relay_classify(struct session *s, struct leg *from, const struct fram
 	if (fi->type == FRAME_METHOD) {
 		amqp_method_number_t id = METHOD_ID(fi->class_id, fi->method_id);
 
+		if (ch->confirm_mode && id == AMQP_BASIC_PUBLISH_METHOD && to_broker) {
+			/* A paused vhost's publish waits, its frame unread. */
+			if (s->gated)
+				return RELAY_GATE;
+			ch->published++;
+		} else if (s->gated && id == AMQP_BASIC_PUBLISH_METHOD && to_broker) {
+			return RELAY_GATE;
+		} else if (ch->confirm_mode && !to_broker &&
+			   (id == AMQP_BASIC_ACK_METHOD || id == AMQP_BASIC_NACK_METHOD)) {
+			/* The delivery tag follows class and method ids. */
+			uint64_t tag = 0;
+			int i;
+
+			for (i = 4; i < 12; i++)
+				tag = tag << 8 | fi->peek[i];
+			if (tag > ch->confirmed)
+				ch->confirmed = tag;
+		}
 		if (to_broker || ch->content[from->dir].msg) {
 			code = channel_content_method(ch, from->dir, id, method_has_content(id),
 						      &err);
@@ -438,6 +462,11 @@ int relay_pump(struct session *s, struct leg *from)
 		 * behind it (the close handshake never waits). */
 		if (from->held && s->state < SESSION_CLOSING)
 			break;
+		/* A rated publisher stops every chunk to ask its vhost's
+		 * bucket (control_rate), which may make it wait. */
+		if (s->rate_bytes >= RELAY_RATE_CHUNK && from->dir == DIR_TO_BROKER &&
+		    s->state < SESSION_CLOSING)
+			break;
 		if (fresh) {
 			out = to->tr ? transport_output(to->tr) : NULL;
 			out_len = out ? evbuffer_get_length(out) : 0;
@@ -487,6 +516,11 @@ int relay_pump(struct session *s, struct leg *from)
 			return -1;
 		}
 		frames++;
+		/* Content from the client is a publish's: a rated vhost's
+		 * publishers are read at its rate (control_rate). */
+		if (s->rated && fi.type != FRAME_METHOD && fi.type != FRAME_HEARTBEAT &&
+		    from->dir == DIR_TO_BROKER)
+			s->rate_bytes += frame_scan_wire_len(&fi);
 		if (s->state >= SESSION_CLOSING) {
 			relay_closing_frame(s, from, &fi);
 			fresh = 1;
@@ -495,6 +529,12 @@ int relay_pump(struct session *s, struct leg *from)
 		look = relay_classify(s, from, &fi, &ch);
 		if (look < 0)
 			return -1;
+		if (look == RELAY_GATE) {
+			/* Read again when the vhost resumes (control.c). */
+			s->gate_held = 1;
+			session_hold(s, DIR_TO_BROKER);
+			break;
+		}
 		if (look == 0 && slow) {
 			relay_forward(s, from, frame_scan_wire_len(&fi));
 			slow = 0;

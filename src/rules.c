@@ -320,6 +320,25 @@ static void rules_parse_pool(struct rules_ctx *c, const cJSON *obj, struct rules
 			    "connection carries many clients, so no one client's address");
 }
 
+/* "limits": a vhost's connection and publish rates (ratelimit.c). */
+static void rules_parse_limits(struct rules_ctx *c, const cJSON *obj, struct rules_limits *l)
+{
+	static const char *const keys[] = {"connections_per_s", "publish_bytes_per_s", "mode",
+					   NULL};
+	char *mode;
+
+	rules_known_keys(c, obj, "limits", keys);
+	l->connections_per_s = rules_int(c, obj, "limits", "connections_per_s", 0, 0, 1000000);
+	l->publish_bytes_per_s =
+	    rules_int(c, obj, "limits", "publish_bytes_per_s", 0, 0, 100000000000L);
+	mode = rules_string(c, obj, "limits", "mode", 0);
+	if (mode && strcmp(mode, "alarm") == 0)
+		l->alarm = 1;
+	else if (mode && strcmp(mode, "enforce") != 0)
+		rules_error(c, "limits.mode", "must be \"enforce\" or \"alarm\"");
+	free(mode);
+}
+
 /* "store": {"type": "lmdb" | "postgresql"} of an idempotency entry or of
  * dedup_publish. */
 static enum rules_keys_store rules_parse_keys_store(struct rules_ctx *c, const cJSON *obj,
@@ -640,9 +659,9 @@ static void rules_parse_upstream(struct rules_ctx *c, const cJSON *o, struct ups
 /* Parse one file into v; returns the number of errors in it. */
 static int rules_parse_file(struct rules_ctx *c, const char *path, struct rules_vhost *v)
 {
-	static const char *const keys[] = {"vhost",    "reply_to",      "claim_check",
-					   "schedule", "dedup_publish", "idempotency",
-					   "upstream", "pool",          NULL};
+	static const char *const keys[] = {
+	    "vhost",       "reply_to", "claim_check", "schedule", "dedup_publish",
+	    "idempotency", "upstream", "pool",        "limits",   NULL};
 	static const char *const reply_keys[] = {"enabled", NULL};
 	int before = c->nerrors;
 	const cJSON *o;
@@ -703,6 +722,9 @@ static int rules_parse_file(struct rules_ctx *c, const char *path, struct rules_
 	o = rules_object(c, root, "", "pool");
 	if (o)
 		rules_parse_pool(c, o, &v->pool);
+	o = rules_object(c, root, "", "limits");
+	if (o)
+		rules_parse_limits(c, o, &v->limits);
 	cJSON_Delete(root);
 	return c->nerrors - before;
 }

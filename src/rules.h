@@ -70,6 +70,13 @@ struct rules_pool {
 	long idle_s;          /* a connection without clients closes after this */
 	long auth_ttl_s;      /* a password the broker accepted is trusted this long */
 };
+/* "limits": rates a vhost's clients are held to (ratelimit.c); 0: none. */
+struct rules_limits {
+	long connections_per_s;   /* new connections a second, all workers */
+	long publish_bytes_per_s; /* content bytes its publishers send a second */
+	int alarm;                /* 1: only count and log, never refuse or slow */
+};
+
 struct rules_vhost {
 	char *vhost;
 	char *file;
@@ -81,6 +88,7 @@ struct rules_vhost {
 	int nidempotency;
 	struct upstream_list upstream; /* n 0: the global list */
 	struct rules_pool pool;
+	struct rules_limits limits;
 };
 
 struct rules {

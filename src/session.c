@@ -7,6 +7,7 @@
 
 #include "../amqp/frame_scan.h"
 #include "../amqp/method.h"
+#include "control.h"
 #include "debug.h"
 #include "dial.h"
 #include "fault.h"
@@ -50,6 +51,7 @@ enum session_event {
 	SEV_TIMER,     /* the session's timer: connect, handshake or close wait */
 	SEV_RULES,     /* the worker swapped in a new rules set */
 	SEV_WAKE,      /* legs marked woken are pumped */
+	SEV_LATER,     /* the wait a rate limit asked for is over */
 };
 
 static void session_read_cb(struct transport *tr, void *arg);
@@ -113,7 +115,10 @@ static void session_destroy(struct session *s)
 		event_free(s->timer);
 	if (s->wake)
 		event_free(s->wake);
+	if (s->later)
+		event_free(s->later);
 	greeting_free(s->greeting);
+	free(s->control_reason);
 	STATS_INC(&s->w->stats, connections_closed);
 	worker_session_remove(s->w, s);
 	free(s);
@@ -167,6 +172,10 @@ static void session_timer(struct session *s)
 	case SESSION_HANDSHAKE:
 		session_log(s, LOG_WARNING, "handshake not finished within %ld ms",
 			    worker_settings.handshake_timeout_ms);
+		break;
+	case SESSION_OPEN:
+		if (control_timer(s))
+			return;
 		break;
 	default:
 		break;
@@ -534,6 +543,7 @@ static int session_accepts(const struct session *s, const struct leg *l, enum se
 		return s->state == SESSION_CONNECTING && l == &s->upstream;
 	case SEV_SILENT:
 	case SEV_RULES:
+	case SEV_LATER:
 		return s->state < SESSION_CLOSING;
 	case SEV_READ:
 	case SEV_DRAINED:
@@ -551,8 +561,9 @@ static void session_read(struct session *s, struct leg *l)
 {
 	if (l->held && s->state == SESSION_OPEN)
 		pipeline_held_input(&s->pipe, (int)l->dir);
-	if (s->state != SESSION_GONE && l->tr)
-		relay_pump(s, l);
+	if (s->state != SESSION_GONE && l->tr && relay_pump(s, l) == 0 && s->rated &&
+	    l == &s->client)
+		control_rate(s);
 }
 
 static void session_event(struct session *s, struct leg *l, enum session_event ev, int err)
@@ -592,6 +603,10 @@ static void session_event(struct session *s, struct leg *l, enum session_event e
 			break;
 		case SEV_RULES:
 			pipeline_refresh(&s->pipe);
+			control_rules(s);
+			break;
+		case SEV_LATER:
+			control_later(s);
 			break;
 		}
 		/* connection.start just passed: the client's frames that
@@ -601,8 +616,25 @@ static void session_event(struct session *s, struct leg *l, enum session_event e
 			if (s->client.tr && evbuffer_get_length(transport_input(s->client.tr)))
 				session_wake(s, &s->client);
 		}
+		if (s->draining)
+			control_check(s);
 	}
 	session_leave(s);
+}
+
+static void session_later_cb(evutil_socket_t fd, short what, void *arg)
+{
+	session_event(arg, NULL, SEV_LATER, 0);
+}
+
+int session_later(struct session *s, long ms)
+{
+	struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+
+	if (s->later == NULL &&
+	    (s->later = evtimer_new(s->w->base, session_later_cb, s)) == NULL)
+		return -1;
+	return evtimer_add(s->later, &tv);
 }
 
 static void session_wake_cb(evutil_socket_t fd, short what, void *arg)

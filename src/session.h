@@ -79,6 +79,14 @@ struct session {
 	unsigned close_seen : 1;        /* a connection.close passed through */
 	unsigned proxied : 1;           /* the load balancer's PROXY header was read */
 	unsigned logged_error : 1;
+	unsigned gated : 1;     /* its vhost is paused: publishes wait (control.c) */
+	unsigned gate_held : 1; /* the client's frames wait at a publish */
+	unsigned draining : 1;  /* closes once its publishes are confirmed */
+	char *control_reason;   /* an operator's close or drain: the close's text */
+	unsigned rated : 1;     /* its vhost's rules limit the publish rate */
+	unsigned rate_held : 1; /* the client's frames wait for the rate */
+	uint64_t rate_bytes;    /* content bytes read since the last take */
+	struct event *later;    /* the rate's wait (made when first needed) */
 	struct channel **chans;
 	uint32_t nchans;
 	struct event *timer;
@@ -154,6 +162,8 @@ static inline struct leg *session_other(struct session *s, struct leg *l)
 {
 	return l == &s->client ? &s->upstream : &s->client;
 }
+/* The session's SEV_LATER event in ms (control_later runs then). */
+int session_later(struct session *s, long ms);
 /* Mark a leg to be pumped at the next wake-up, later in this loop turn. */
 void session_wake(struct session *s, struct leg *l);
 

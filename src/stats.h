@@ -23,6 +23,8 @@
 	  "reason=\"max_connections_per_vhost\"", "connections refused, by reason")       \
 	X(refused_max_channels, "acemq_proxy_connections_refused_total",                  \
 	  "reason=\"max_channels\"", "connections refused, by reason")                    \
+	X(refused_connection_rate, "acemq_proxy_connections_refused_total",               \
+	  "reason=\"connection_rate\"", "connections refused, by reason")                 \
 	X(refused_no_descriptors, "acemq_proxy_connections_refused_total",                \
 	  "reason=\"file_descriptors\"", "connections refused, by reason")                \
 	X(upstream_failures, "acemq_proxy_upstream_failures_total", "",                   \

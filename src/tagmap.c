@@ -316,3 +316,13 @@ void confirmmap_covered(const struct confirmmap *cm, uint64_t broker_seq, int mu
 			break;
 	}
 }
+
+int confirmmap_pending(const struct confirmmap *cm)
+{
+	size_t i;
+
+	for (i = 0; i < cm->out.len; i++)
+		if (cm->out.v[(cm->out.head + i) % cm->out.cap][SIDE_BROKER] != 0)
+			return 1;
+	return 0;
+}

@@ -21,6 +21,7 @@ static int upstream_nglobal;
 static pthread_mutex_t upstream_lock = PTHREAD_MUTEX_INITIALIZER;
 static long upstream_retry_ms = 10000;
 static atomic_llong upstream_down_until[UPSTREAM_MAX]; /* ms, monotonic */
+static atomic_int upstream_off[UPSTREAM_MAX];          /* disabled by the operator */
 
 static long long upstream_now_ms(void)
 {
@@ -135,7 +136,7 @@ int upstream_pick(const struct upstream_list *list, unsigned tried)
 
 	for (k = 0; k < n; k++) {
 		i = list ? list->at[k] : k;
-		if (tried & (1u << i))
+		if ((tried & (1u << i)) || atomic_load(&upstream_off[i]))
 			continue;
 		if (atomic_load(&upstream_down_until[i]) <= now)
 			return i;
@@ -163,7 +164,8 @@ int upstream_any_up(void)
 	int i;
 
 	for (i = 0; i < upstream_nglobal; i++)
-		if (atomic_load(&upstream_down_until[i]) <= now)
+		if (atomic_load(&upstream_down_until[i]) <= now &&
+		    !atomic_load(&upstream_off[i]))
 			return 1;
 	return 0;
 }
@@ -186,4 +188,28 @@ void upstream_ok(int i)
 	if (i >= 0 && i < atomic_load(&upstream_n) &&
 	    atomic_exchange(&upstream_down_until[i], 0) != 0 && atomic_load(&upstream_n) > 1)
 		log_info("broker %s answers again", upstream_nodes[i].name);
+}
+
+int upstream_find(const char *name)
+{
+	int i, n = atomic_load(&upstream_n);
+
+	for (i = 0; i < n; i++)
+		if (strcmp(upstream_nodes[i].name, name) == 0)
+			return i;
+	return -1;
+}
+
+void upstream_disable(int i, int off)
+{
+	if (i < 0 || i >= atomic_load(&upstream_n))
+		return;
+	if (atomic_exchange(&upstream_off[i], off ? 1 : 0) != (off ? 1 : 0))
+		log_info("broker %s %s", upstream_nodes[i].name,
+			 off ? "disabled: new connections skip it" : "enabled");
+}
+
+int upstream_disabled(int i)
+{
+	return i >= 0 && i < atomic_load(&upstream_n) && atomic_load(&upstream_off[i]);
 }

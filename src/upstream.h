@@ -38,7 +38,7 @@ const struct upstream_node *upstream_node(int i);
 /* The next node of list (NULL: the global one) for a client that has
  * tried the nodes in tried (a bit per table index): the first untried one
  * not marked down, else the first untried one at all; -1 when every node
- * was tried. */
+ * was tried. A disabled node is never picked. */
 int upstream_pick(const struct upstream_list *list, unsigned tried);
 /* A connect to node i failed (marked down for the retry time), or
  * succeeded (marked up). */
@@ -50,5 +50,11 @@ int upstream_any_up(void);
  * whether node i is marked down now (admin views). */
 int upstream_count(int *nglobal);
 int upstream_down(int i);
+/* The operator's switch (POST /upstreams/HOST:PORT/disable): new
+ * connections skip a disabled node; those open stay. upstream_find gives
+ * the index of the address named exactly so, or -1. Any thread. */
+int upstream_find(const char *name);
+void upstream_disable(int i, int off);
+int upstream_disabled(int i);
 
 #endif

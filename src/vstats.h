@@ -28,7 +28,15 @@ struct evbuffer;
 	X(dedup_first, V, "acemq_proxy_dedup_publish_vhost_total", "answer=\"first\"",         \
 	  "publishes under publish dedup, per vhost, by answer")                               \
 	X(dedup_duplicate, V, "acemq_proxy_dedup_publish_vhost_total", "answer=\"duplicate\"", \
-	  "publishes under publish dedup, per vhost, by answer")
+	  "publishes under publish dedup, per vhost, by answer")                               \
+	X(rate_refused, V, "acemq_proxy_rate_limit_total", "event=\"connection_refused\"",     \
+	  "the rules' limits at work, per vhost, by event")                                    \
+	X(rate_connection_over, V, "acemq_proxy_rate_limit_total",                             \
+	  "event=\"connection_over\"", "the rules' limits at work, per vhost, by event")       \
+	X(rate_slowed, V, "acemq_proxy_rate_limit_total", "event=\"publish_slowed\"",          \
+	  "the rules' limits at work, per vhost, by event")                                    \
+	X(rate_publish_over, V, "acemq_proxy_rate_limit_total", "event=\"publish_over\"",      \
+	  "the rules' limits at work, per vhost, by event")
 
 enum vstats_counter {
 #define VSTATS_ENUM(name, scope, metric, labels, help) VSTATS_##name,

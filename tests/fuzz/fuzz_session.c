@@ -15,6 +15,7 @@
 #include "amqp/content.h"
 #include "amqp/frame_scan.h"
 #include "amqp/method.h"
+#include "src/control.h"
 #include "src/hooks.h"
 #include "src/jobs.h"
 #include "src/limits.h"
@@ -54,7 +55,8 @@ enum fuzz_op {
 	OP_CLIENT_CLOSE, /* the client closes its socket */
 	OP_CLIENT_SHUT,  /* the client half-closes (shutdown write) */
 	OP_BROKER_CLOSE, /* the broker closes its socket */
-	OP_RELOAD, /* p: a rules reload (every pattern, none, brokers of "/"'s own, pooled) */
+	OP_RELOAD, /* p: a rules reload (every pattern, none, brokers of "/"'s own, pooled),
+		    * or from 0xc0 an operator's action (control.c) */
 	OP_CLIENT_SILENT,  /* the client leg's read timeout fires */
 	OP_BROKER_SILENT,  /* the broker leg's read timeout fires */
 	OP_CLIENT_FRAME,   /* k, p: a well-formed client frame */
@@ -218,7 +220,8 @@ static void fuzz_init(void)
 		    "\"idempotency\": [{\"queue\": \"q\", \"key\": \"message-id\", "
 		    "\"lease_s\": 30, \"retention_s\": 60, \"in_progress_delay_s\": 0}], "
 		    "\"dedup_publish\": {\"match\": [{\"exchange\": \"\"}], "
-		    "\"window_s\": 60}}",
+		    "\"window_s\": 60}, "
+		    "\"limits\": {\"publish_bytes_per_s\": 4096}}",
 		    fuzz_claims);
 		fz.rules[0] = fuzz_rules(json);
 		/* Idempotency keys in a state layer of their own (its writer is
@@ -233,8 +236,11 @@ static void fuzz_init(void)
 	}
 	fz.rules[1] = fuzz_rules(NULL);
 	/* Brokers of the vhost's own: the proxy greets clients itself. */
-	fz.rules[2] = fuzz_rules("{\"vhost\": \"/\", \"reply_to\": {\"enabled\": true}, "
-				 "\"upstream\": [\"127.0.0.1:5672\", \"127.0.0.1:5673\"]}");
+	fz.rules[2] =
+	    fuzz_rules("{\"vhost\": \"/\", \"reply_to\": {\"enabled\": true}, "
+		       "\"upstream\": [\"127.0.0.1:5672\", \"127.0.0.1:5673\"], "
+		       "\"limits\": {\"connections_per_s\": 1000000, \"publish_bytes_per_s\": "
+		       "1000, \"mode\": \"alarm\"}}");
 	/* Pooled: the session's broker leg is a pipe to a pool whose broker
 	 * connection is the scripted broker. */
 	fz.rules[3] = fuzz_rules("{\"vhost\": \"/\", \"reply_to\": {\"enabled\": true}, "
@@ -705,7 +711,17 @@ static void fuzz_op(const uint8_t *d, size_t len, size_t *at)
 		break;
 	case OP_RELOAD:
 		(*at)++;
-		worker_set_rules(&fz.w, fz.rules[a % 4]);
+		if (a < 0xc0) {
+			worker_set_rules(&fz.w, fz.rules[a % 4]);
+		} else {
+			/* An operator's action: close, drain, pause, resume. */
+			struct control_target t = {0, NULL, -1};
+
+			if (a & 4)
+				t.vhost = "/";
+			control_apply(&fz.w, &t, (enum control_action)(a & 3),
+				      (a & 8) ? "fuzzed" : NULL);
+		}
 		break;
 	case OP_CLIENT_SILENT:
 		if (s && s->client.tr)

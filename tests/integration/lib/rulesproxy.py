@@ -26,15 +26,16 @@ def free_port():
 class Proxy:
     """acemq-proxy on a free port with a rules directory and a data dir."""
 
-    def __init__(self, rules, data, extra=()):
+    def __init__(self, rules, data, extra=(), upstream="127.0.0.1:5672"):
         self.rules, self.data, self.extra = rules, data, list(extra)
+        self.upstream = upstream
         self.port = free_port()
         self.log = tempfile.NamedTemporaryFile("w+", prefix="acemq-cc-", suffix=".log", delete=False)
         self.start()
 
     def start(self):
         self.proc = subprocess.Popen(
-            [PROXY, "--listen", "127.0.0.1:%d" % self.port, "--upstream", "127.0.0.1:5672",
+            [PROXY, "--listen", "127.0.0.1:%d" % self.port, "--upstream", self.upstream,
              "--rules", self.rules, "--data-dir", self.data, "--log-level", "info"] + self.extra,
             stderr=self.log)
         deadline = time.time() + 10

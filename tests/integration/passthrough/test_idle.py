@@ -1,6 +1,6 @@
 """Thousands of concurrent idle connections through the proxy (full
 handshake and one channel each), held at once, with the proxy's RSS per
-connection reported. As many as the file limit allows, up to 10 000: the
+connection reported. As many as the file limit allows, up to 5000: the
 proxy holds two descriptors per client (its leg and the broker's)."""
 import os
 import re
@@ -24,7 +24,8 @@ def broker_fd_limit():
 
 def test_thousands_of_idle_connections(rabbitmq):
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    n = min(10000, (hard - 300) // 2)
+    # 5000 (2000 under the sanitizers): the broker's handshakes set the pace
+    n = min(2000 if SANITIZED else 5000, (hard - 300) // 2)
     limit = broker_fd_limit()
     if limit and limit < n + 200:
         # the broker must hold them too (tests/integration/broker starts it

@@ -1,8 +1,9 @@
 """The admin endpoint's status page (GET /) in headless Chromium, driven
 through chromedriver by Selenium: it loads with no network but the proxy's
 own endpoint, asks for the token, shows a known connection and vhost, sorts
-the connections, and its buttons cancel a delayed message and reload the
-rules, each checked through the API. A screenshot is taken."""
+the connections, and its buttons cancel a delayed message, reload the
+rules, pause and resume a vhost and close a connection, each checked through
+the API or the client. A screenshot is taken."""
 import http.client
 import json
 import os
@@ -163,5 +164,27 @@ def test_page_shows_the_proxy_and_its_buttons_act(proxy, browser):
         browser.find_element(By.ID, "reload").click()
         wait.until(lambda d: "rules reloaded" in d.find_element(By.ID, "message").text)
         assert request(proxy.admin_port, "GET", "/rules")[1]["generation"] == generation + 1
+
+        # Pause the vhost's publishers and resume them with its buttons.
+        row = "//table[@id='vhosts']//tr[td[1][text()='%s']]" % VHOST
+        wait.until(lambda d: d.find_elements(By.XPATH, row + "//button[contains(@class, 'pause')]"))
+        browser.find_element(By.XPATH, row + "//button[contains(@class, 'pause')]").click()
+        wait.until(lambda d: "paused " + VHOST in d.find_element(By.ID, "message").text)
+        assert request(proxy.admin_port, "GET", "/stats")[1]["paused_vhosts"] == [VHOST]
+        wait.until(lambda d: "paused" in d.find_element(By.XPATH, row).text)
+        browser.find_element(By.XPATH, row + "//button[contains(@class, 'resume')]").click()
+        wait.until(lambda d: "resumed " + VHOST in d.find_element(By.ID, "message").text)
+        assert request(proxy.admin_port, "GET", "/stats")[1]["paused_vhosts"] == []
+
+        # Close the client with its row's button: it hears 320.
+        browser.find_element(By.XPATH, "//table[@id='connections']//tr[td[1][text()='%d']]"
+                             "//button[contains(@class, 'close')]" % conn["id"]).click()
+        wait.until(lambda d: "closed connection %d" % conn["id"] in
+                   d.find_element(By.ID, "message").text)
+        with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as e:
+            for _ in range(100):
+                client.process_data_events(0.05)
+        assert e.value.reply_code == 320
     finally:
-        client.close()
+        if client.is_open:
+            client.close()

@@ -1,0 +1,143 @@
+/* ratelimit: token buckets per vhost for the rules' connection and publish
+ * rates, shared by the workers under one lock (a take is a few arithmetic
+ * operations; only rated vhosts' sessions take). */
+#include "ratelimit.h"
+
+#include "log.h"
+#include "rules.h"
+#include "vstats.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct ratelimit_bucket {
+	double tokens; /* may go below 0: a debt paid by waiting */
+	int64_t at_ms; /* last refill (monotonic) */
+	int episode;   /* over the rate, logged (alarm mode) */
+	int primed;    /* filled at its first take */
+};
+
+struct ratelimit_vhost {
+	char *name;
+	struct ratelimit_bucket conn, bytes;
+	struct vstats *counters;
+	struct ratelimit_vhost *next;
+};
+
+static pthread_mutex_t ratelimit_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct ratelimit_vhost *ratelimit_list;
+
+static int64_t ratelimit_now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Under the lock: the vhost's buckets, made on first use. */
+static struct ratelimit_vhost *ratelimit_find(const char *vhost)
+{
+	struct ratelimit_vhost *v;
+
+	for (v = ratelimit_list; v; v = v->next)
+		if (strcmp(v->name, vhost) == 0)
+			return v;
+	if ((v = calloc(1, sizeof(*v))) == NULL || (v->name = strdup(vhost)) == NULL) {
+		free(v);
+		return NULL;
+	}
+	v->counters = vstats_get(vhost, NULL);
+	v->next = ratelimit_list;
+	ratelimit_list = v;
+	return v;
+}
+
+/* Refill at rate a second, up to a second's worth; take n. */
+static void ratelimit_take(struct ratelimit_bucket *b, double rate, double n, int64_t now)
+{
+	if (!b->primed) {
+		b->primed = 1;
+		b->tokens = rate;
+		b->at_ms = now;
+	}
+	b->tokens += rate * (double)(now - b->at_ms) / 1000.0;
+	if (b->tokens > rate)
+		b->tokens = rate;
+	b->at_ms = now;
+	b->tokens -= n;
+}
+
+/* Alarm mode: an episode starts (logged) or ends. */
+static void ratelimit_episode(struct ratelimit_bucket *b, const char *vhost, const char *what,
+			      long rate, int over)
+{
+	if (over && !b->episode)
+		log_warning("vhost %s over its %s of %ld a second (limits mode alarm: counted, "
+			    "not enforced; logged again after the rate is kept)",
+			    vhost, what, rate);
+	b->episode = over;
+}
+
+int ratelimit_connection(const char *vhost, const struct rules_limits *l)
+{
+	int64_t now = ratelimit_now_ms();
+	struct ratelimit_vhost *v;
+	int over = 0, refused = 0;
+
+	if (l->connections_per_s <= 0)
+		return 0;
+	pthread_mutex_lock(&ratelimit_lock);
+	if ((v = ratelimit_find(vhost)) != NULL) {
+		ratelimit_take(&v->conn, (double)l->connections_per_s, 1, now);
+		over = v->conn.tokens < 0;
+		if (over && !l->alarm) {
+			v->conn.tokens += 1; /* refused: nothing taken */
+			refused = 1;
+			vstats_add(v->counters, VSTATS_rate_refused);
+		} else if (over) {
+			v->conn.tokens = 0; /* no debt: alarm mode only counts */
+			vstats_add(v->counters, VSTATS_rate_connection_over);
+			ratelimit_episode(&v->conn, vhost, "connections_per_s",
+					  l->connections_per_s, 1);
+		} else if (l->alarm) {
+			ratelimit_episode(&v->conn, vhost, "connections_per_s",
+					  l->connections_per_s, 0);
+		}
+	}
+	pthread_mutex_unlock(&ratelimit_lock);
+	return refused ? -1 : 0;
+}
+
+long ratelimit_publish(const char *vhost, const struct rules_limits *l, size_t n)
+{
+	int64_t now = ratelimit_now_ms();
+	struct ratelimit_vhost *v;
+	double rate = (double)l->publish_bytes_per_s;
+	long wait = 0;
+
+	if (l->publish_bytes_per_s <= 0 || n == 0)
+		return 0;
+	pthread_mutex_lock(&ratelimit_lock);
+	if ((v = ratelimit_find(vhost)) != NULL) {
+		ratelimit_take(&v->bytes, rate, (double)n, now);
+		if (v->bytes.tokens < 0 && !l->alarm) {
+			/* The debt is paid by waiting: every publisher of the
+			 * vhost that sends meanwhile waits its turn too. */
+			wait = (long)(-v->bytes.tokens * 1000.0 / rate) + 1;
+			vstats_add(v->counters, VSTATS_rate_slowed);
+		} else if (v->bytes.tokens < 0) {
+			v->bytes.tokens = 0;
+			vstats_add(v->counters, VSTATS_rate_publish_over);
+			ratelimit_episode(&v->bytes, vhost, "publish_bytes_per_s",
+					  l->publish_bytes_per_s, 1);
+		} else if (l->alarm) {
+			ratelimit_episode(&v->bytes, vhost, "publish_bytes_per_s",
+					  l->publish_bytes_per_s, 0);
+		}
+	}
+	pthread_mutex_unlock(&ratelimit_lock);
+	return wait;
+}
