@@ -10,6 +10,7 @@
 #include "control.h"
 #include "engine.h"
 #include "http.h"
+#include "json.h"
 #include "log.h"
 #include "pool.h"
 #include "rules.h"
@@ -29,6 +30,7 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -95,18 +97,20 @@ static void admin_json(struct http_request *req, int code, struct evbuffer *out)
 	http_reply(req, code, "application/json", out);
 }
 
-static void admin_json_str(struct evbuffer *out, const char *s)
+void admin_error(struct http_request *req, int code, const char *fmt, ...)
 {
-	evbuffer_add(out, "\"", 1);
-	for (; *s; s++) {
-		if (*s == '"' || *s == '\\')
-			evbuffer_add_printf(out, "\\%c", *s);
-		else if ((unsigned char)*s < 0x20)
-			evbuffer_add_printf(out, "\\u%04x", *s);
-		else
-			evbuffer_add(out, s, 1);
-	}
-	evbuffer_add(out, "\"", 1);
+	struct evbuffer *out = evbuffer_new();
+	char text[400];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(text, sizeof(text), fmt, ap);
+	va_end(ap);
+	evbuffer_add_printf(out, "{\"error\": ");
+	json_cstring(out, text);
+	evbuffer_add_printf(out, "}\n");
+	http_reply(req, code, "application/json", out);
+	evbuffer_free(out);
 }
 
 /* GET /claims/VHOST/KEY: is the payload in the vhost's store, how large and
@@ -139,9 +143,9 @@ static void admin_claims(struct http_request *req, void *arg)
 	r = admin_rules_cb ? admin_rules_cb() : NULL;
 	v = r ? rules_vhost(r, vhost) : NULL;
 	evbuffer_add_printf(out, "{\"vhost\": ");
-	admin_json_str(out, vhost);
+	json_cstring(out, vhost);
 	evbuffer_add_printf(out, ", \"key\": ");
-	admin_json_str(out, key);
+	json_cstring(out, key);
 	if (v == NULL || !v->claim_check.enabled) {
 		evbuffer_add_printf(out,
 				    ", \"present\": false, \"error\": \"no claim_check rule "
@@ -384,7 +388,7 @@ static void admin_upstreams(struct evbuffer *out)
 	evbuffer_add_printf(out, ",\n  \"upstreams\": [");
 	for (i = 0; i < n; i++) {
 		evbuffer_add_printf(out, "%s{\"address\": ", i ? ", " : "");
-		admin_json_str(out, upstream_node(i)->name);
+		json_cstring(out, upstream_node(i)->name);
 		evbuffer_add_printf(out, ", \"global\": %s, \"down\": %s, \"disabled\": %s}",
 				    i < nglobal ? "true" : "false",
 				    upstream_down(i) ? "true" : "false",
@@ -625,9 +629,9 @@ static void admin_rules(struct http_request *req, void *arg)
 		const struct rules_vhost *v = &r->v[i];
 
 		evbuffer_add_printf(out, "%s\n  {\"vhost\": ", i ? "," : "");
-		admin_json_str(out, v->vhost);
+		json_cstring(out, v->vhost);
 		evbuffer_add_printf(out, ", \"file\": ");
-		admin_json_str(out, v->file ? v->file : "");
+		json_cstring(out, v->file ? v->file : "");
 		evbuffer_add_printf(out, ", \"reply_to\": %s", v->reply_to ? "true" : "false");
 		if (v->claim_check.enabled)
 			evbuffer_add_printf(
@@ -640,7 +644,7 @@ static void admin_rules(struct http_request *req, void *arg)
 									    : "dead-letter");
 		if (v->dedup_publish.enabled) {
 			evbuffer_add_printf(out, ", \"dedup_publish\": {\"header\": ");
-			admin_json_str(out, v->dedup_publish.header);
+			json_cstring(out, v->dedup_publish.header);
 			evbuffer_add_printf(out, ", \"window_s\": %ld}",
 					    v->dedup_publish.window_s);
 		}
@@ -650,7 +654,7 @@ static void admin_rules(struct http_request *req, void *arg)
 			evbuffer_add_printf(out, ", \"upstream\": [");
 			for (k = 0; k < v->upstream.n; k++) {
 				evbuffer_add_printf(out, "%s", k ? ", " : "");
-				admin_json_str(out, upstream_node(v->upstream.at[k])->name);
+				json_cstring(out, upstream_node(v->upstream.at[k])->name);
 			}
 			evbuffer_add_printf(out, "]");
 		}

@@ -10,6 +10,7 @@ struct worker;
 struct rules;
 struct state;
 struct evbuffer;
+struct http_request;
 
 /* Reload the rules; 0, or -1 with the errors in errors (malloc'd). */
 typedef int (*admin_reload_fn)(char **errors);
@@ -33,6 +34,10 @@ void admin_close(void);
 typedef int (*admin_each_fn)(struct worker *w, void *arg, struct evbuffer *out);
 int admin_each_worker(admin_each_fn fn, void *arg, void (*free_arg)(void *arg),
 		      struct evbuffer *rows, int *missing);
+
+/* An error answer: {"error": "..."} with code (4xx, 5xx). */
+void admin_error(struct http_request *req, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* The state layer whose counters /stats and /metrics show (may be NULL). */
 void admin_set_state(struct state *st);

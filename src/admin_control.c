@@ -10,8 +10,8 @@
 #include "admin_schedule.h"
 #include "control.h"
 #include "http.h"
+#include "json.h"
 #include "upstream.h"
-#include "vstats.h"
 
 #include <cjson/cJSON.h>
 #include <event2/buffer.h>
@@ -28,17 +28,6 @@ struct admin_control_job {
 	char *vhost;
 	char *reason;
 };
-
-static void admin_control_error(struct http_request *req, int code, const char *why)
-{
-	struct evbuffer *out = evbuffer_new();
-
-	evbuffer_add_printf(out, "{\"error\": \"");
-	vstats_escape(out, why, 1);
-	evbuffer_add_printf(out, "\"}\n");
-	http_reply(req, code, "application/json", out);
-	evbuffer_free(out);
-}
 
 static void admin_control_job_free(void *arg)
 {
@@ -77,30 +66,30 @@ static int admin_control_reason(struct http_request *req, char **reason)
 	}
 	if (!cJSON_IsObject(body)) {
 		cJSON_Delete(body);
-		admin_control_error(req, 400, "the body is not a JSON object");
+		admin_error(req, 400, "the body is not a JSON object");
 		return -1;
 	}
 	r = cJSON_GetObjectItemCaseSensitive(body, "reason");
 	if (r && !cJSON_IsString(r)) {
 		cJSON_Delete(body);
-		admin_control_error(req, 400, "reason: not a string");
+		admin_error(req, 400, "reason: not a string");
 		return -1;
 	}
 	if (r && strlen(r->valuestring) > ADMIN_CONTROL_REASON_MAX) {
 		cJSON_Delete(body);
-		admin_control_error(req, 400, "reason: over 200 bytes");
+		admin_error(req, 400, "reason: over 200 bytes");
 		return -1;
 	}
 	for (i = 0; r && r->valuestring[i]; i++) {
 		if ((unsigned char)r->valuestring[i] < 0x20 || r->valuestring[i] == 0x7f) {
 			cJSON_Delete(body);
-			admin_control_error(req, 400, "reason: a control character");
+			admin_error(req, 400, "reason: a control character");
 			return -1;
 		}
 	}
 	if (r && (*reason = strdup(r->valuestring)) == NULL) {
 		cJSON_Delete(body);
-		admin_control_error(req, 500, "out of memory");
+		admin_error(req, 500, "out of memory");
 		return -1;
 	}
 	cJSON_Delete(body);
@@ -131,18 +120,12 @@ static void admin_control_fan(struct http_request *req, struct admin_control_job
 
 	n = admin_each_worker(admin_control_run, j, admin_control_job_free, NULL, &missing);
 	if (n < 0) {
-		admin_control_error(req, 500, "out of memory");
+		admin_error(req, 500, "out of memory");
 		return;
 	}
 	out = evbuffer_new();
 	evbuffer_add_printf(out, "{\"%s\": ", key);
-	if (value) {
-		evbuffer_add(out, "\"", 1);
-		vstats_escape(out, value, 1);
-		evbuffer_add(out, "\"", 1);
-	} else {
-		evbuffer_add_printf(out, "null");
-	}
+	json_cstring(out, value);
 	evbuffer_add_printf(out,
 			    ", \"action\": \"%s\", \"connections\": %d, "
 			    "\"workers_not_answering\": %d%s}\n",
@@ -175,15 +158,14 @@ static void admin_control_connection(struct http_request *req)
 	if (admin_control_split(path, "/connections/", &idtext, &verb) != 0 ||
 	    (strcmp(verb, "close") != 0 && strcmp(verb, "drain") != 0)) {
 		free(idtext);
-		admin_control_error(req, 404,
-				    "not /connections/ID/close or /connections/ID/drain");
+		admin_error(req, 404, "not /connections/ID/close or /connections/ID/drain");
 		return;
 	}
 	id = strtoull(idtext, &end, 10);
 	if (idtext[0] < '0' || idtext[0] > '9' || *end != '\0' || id == 0 ||
 	    strlen(idtext) > 20) {
 		free(idtext);
-		admin_control_error(req, 400, "a connection id is a positive number");
+		admin_error(req, 400, "a connection id is a positive number");
 		return;
 	}
 	free(idtext);
@@ -192,15 +174,15 @@ static void admin_control_connection(struct http_request *req)
 	j = admin_control_job(strcmp(verb, "close") == 0 ? CONTROL_CLOSE : CONTROL_DRAIN);
 	if (j == NULL) {
 		free(reason);
-		admin_control_error(req, 500, "out of memory");
+		admin_error(req, 500, "out of memory");
 		return;
 	}
 	j->t.id = id;
 	j->reason = reason;
 	n = admin_each_worker(admin_control_run, j, admin_control_job_free, NULL, &missing);
 	if (n <= 0) {
-		admin_control_error(req, n < 0 ? 500 : 404,
-				    n < 0 ? "out of memory" : "no such connection");
+		admin_error(req, n < 0 ? 500 : 404,
+			    n < 0 ? "out of memory" : "no such connection");
 		return;
 	}
 	out = evbuffer_new();
@@ -220,12 +202,12 @@ static void admin_control_vhost(struct http_request *req)
 
 	if (admin_control_split(http_path(req), "/vhosts/", &name, &verb) != 0) {
 		free(name);
-		admin_control_error(req, 404, "not /vhosts/NAME/pause, resume or disconnect");
+		admin_error(req, 404, "not /vhosts/NAME/pause, resume or disconnect");
 		return;
 	}
 	if (strlen(name) > 127) {
 		free(name);
-		admin_control_error(req, 400, "a vhost name is at most 127 bytes");
+		admin_error(req, 400, "a vhost name is at most 127 bytes");
 		return;
 	}
 	if (strcmp(verb, "pause") == 0) {
@@ -240,12 +222,12 @@ static void admin_control_vhost(struct http_request *req)
 		}
 	} else {
 		free(name);
-		admin_control_error(req, 404, "not /vhosts/NAME/pause, resume or disconnect");
+		admin_error(req, 404, "not /vhosts/NAME/pause, resume or disconnect");
 		return;
 	}
 	if (a != CONTROL_DRAIN && control_pause(name, a == CONTROL_GATE) < 0) {
 		free(name);
-		admin_control_error(req, 500, "out of memory");
+		admin_error(req, 500, "out of memory");
 		return;
 	}
 	/* The job's copy goes with the job, perhaps after this answer. */
@@ -253,7 +235,7 @@ static void admin_control_vhost(struct http_request *req)
 		free(j);
 		free(name);
 		free(reason);
-		admin_control_error(req, 500, "out of memory");
+		admin_error(req, 500, "out of memory");
 		return;
 	}
 	j->t.vhost = j->vhost;
@@ -277,22 +259,21 @@ static void admin_control_upstream(struct http_request *req)
 	    (strcmp(verb, "disable") != 0 && strcmp(verb, "enable") != 0 &&
 	     strcmp(verb, "drain") != 0)) {
 		free(name);
-		admin_control_error(req, 404,
-				    "not /upstreams/HOST:PORT/disable, enable or drain");
+		admin_error(req, 404, "not /upstreams/HOST:PORT/disable, enable or drain");
 		return;
 	}
 	if ((i = upstream_find(name)) < 0) {
 		free(name);
-		admin_control_error(req, 404, "no such broker address (GET /stats lists them)");
+		admin_error(req, 404, "no such broker address (GET /stats lists them)");
 		return;
 	}
 	if (strcmp(verb, "drain") != 0) {
 		struct evbuffer *out = evbuffer_new();
 
 		upstream_disable(i, strcmp(verb, "disable") == 0);
-		evbuffer_add_printf(out, "{\"address\": \"");
-		vstats_escape(out, name, 1);
-		evbuffer_add_printf(out, "\", \"action\": \"%s\", \"disabled\": %s}\n", verb,
+		evbuffer_add_printf(out, "{\"address\": ");
+		json_cstring(out, name);
+		evbuffer_add_printf(out, ", \"action\": \"%s\", \"disabled\": %s}\n", verb,
 				    upstream_disabled(i) ? "true" : "false");
 		http_reply(req, 200, "application/json", out);
 		evbuffer_free(out);
@@ -301,7 +282,7 @@ static void admin_control_upstream(struct http_request *req)
 	}
 	if ((j = admin_control_job(CONTROL_DRAIN)) == NULL) {
 		free(name);
-		admin_control_error(req, 500, "out of memory");
+		admin_error(req, 500, "out of memory");
 		return;
 	}
 	j->t.upstream = i;

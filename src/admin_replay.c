@@ -24,34 +24,6 @@ static void admin_replay_reply(struct http_request *req, int code, struct evbuff
 	http_reply(req, code, "application/json", out);
 }
 
-static void admin_replay_error(struct http_request *req, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void admin_replay_error(struct http_request *req, int code, const char *fmt, ...)
-{
-	struct evbuffer *out = evbuffer_new();
-	char text[400];
-	const char *s;
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(text, sizeof(text), fmt, ap);
-	va_end(ap);
-	evbuffer_add_printf(out, "{\"error\": \"");
-	for (s = text; *s; s++) {
-		unsigned char c = (unsigned char)*s;
-
-		if (c == '"' || c == '\\')
-			evbuffer_add_printf(out, "\\%c", c);
-		else if (c < 0x20 || c >= 0x7f)
-			evbuffer_add_printf(out, "\\u%04x", c);
-		else
-			evbuffer_add(out, s, 1);
-	}
-	evbuffer_add_printf(out, "\"}\n");
-	admin_replay_reply(req, code, out);
-	evbuffer_free(out);
-}
-
 /* A name member: absent (0, dst untouched), a string of 1..REPLAY_NAME_MAX
  * bytes (or 0..: empty allowed) copied (0), or -1 (answered). */
 static int admin_replay_name(struct http_request *req, const cJSON *body, const char *key,
@@ -63,13 +35,13 @@ static int admin_replay_name(struct http_request *req, const cJSON *body, const 
 	if (it == NULL)
 		return 0;
 	if (!cJSON_IsString(it) || it->valuestring == NULL) {
-		admin_replay_error(req, 400, "%s must be a string", key);
+		admin_error(req, 400, "%s must be a string", key);
 		return -1;
 	}
 	len = strlen(it->valuestring);
 	if ((len == 0 && !empty_ok) || len > REPLAY_NAME_MAX) {
-		admin_replay_error(req, 400, "%s must be %d to %d bytes", key, empty_ok ? 0 : 1,
-				   REPLAY_NAME_MAX);
+		admin_error(req, 400, "%s must be %d to %d bytes", key, empty_ok ? 0 : 1,
+			    REPLAY_NAME_MAX);
 		return -1;
 	}
 	memcpy(dst, it->valuestring, len + 1);
@@ -87,7 +59,7 @@ static int admin_replay_int(struct http_request *req, const cJSON *body, const c
 		return 0;
 	d = cJSON_IsNumber(it) ? it->valuedouble : 0;
 	if (!cJSON_IsNumber(it) || d != (double)(long)d || d < 1 || d > (double)max) {
-		admin_replay_error(req, 400, "%s must be an integer from 1 to %ld", key, max);
+		admin_error(req, 400, "%s must be an integer from 1 to %ld", key, max);
 		return -1;
 	}
 	*v = (long)d;
@@ -104,7 +76,7 @@ static int admin_replay_spec(struct http_request *req, const cJSON *body,
 	size_t i;
 
 	if (!cJSON_IsObject(body)) {
-		admin_replay_error(req, 400, "the body must be a JSON object");
+		admin_error(req, 400, "the body must be a JSON object");
 		return -1;
 	}
 	cJSON_ArrayForEach (it, body) {
@@ -112,8 +84,8 @@ static int admin_replay_spec(struct http_request *req, const cJSON *body,
 			if (it->string && strcmp(it->string, known[i]) == 0)
 				break;
 		if (i == sizeof(known) / sizeof(known[0])) {
-			admin_replay_error(req, 400, "unknown member %.64s",
-					   it->string ? it->string : "");
+			admin_error(req, 400, "unknown member %.64s",
+				    it->string ? it->string : "");
 			return -1;
 		}
 	}
@@ -126,7 +98,7 @@ static int admin_replay_spec(struct http_request *req, const cJSON *body,
 	    admin_replay_int(req, body, "rate", REPLAY_MAX_RATE, &spec->rate) != 0)
 		return -1;
 	if (spec->vhost[0] == '\0' || spec->queue[0] == '\0' || spec->count == 0) {
-		admin_replay_error(req, 400, "vhost, queue and count are required");
+		admin_error(req, 400, "vhost, queue and count are required");
 		return -1;
 	}
 	/* Either names a target: the other defaults to "" (the default
@@ -160,7 +132,7 @@ static void admin_replay_post(struct http_request *req, admin_rules_fn rules_fn)
 		free(text);
 	}
 	if (body == NULL) {
-		admin_replay_error(req, 400, "the body is not JSON");
+		admin_error(req, 400, "the body is not JSON");
 		return;
 	}
 	status = admin_replay_spec(req, body, &spec);
@@ -181,19 +153,18 @@ static void admin_replay_post(struct http_request *req, admin_rules_fn rules_fn)
 	id = replay_start(&spec);
 	switch (id) {
 	case REPLAY_ERR_DISABLED:
-		admin_replay_error(
-		    req, 503,
-		    "no engine_user is set: the proxy has no broker connection of "
-		    "its own");
+		admin_error(req, 503,
+			    "no engine_user is set: the proxy has no broker connection of "
+			    "its own");
 		return;
 	case REPLAY_ERR_BUSY:
-		admin_replay_error(req, 429, "%d replays run already", REPLAY_MAX_RUNNING);
+		admin_error(req, 429, "%d replays run already", REPLAY_MAX_RUNNING);
 		return;
 	case REPLAY_ERR_SAME:
-		admin_replay_error(req, 409, "a replay of this queue runs already");
+		admin_error(req, 409, "a replay of this queue runs already");
 		return;
 	case REPLAY_ERR_NOMEM:
-		admin_replay_error(req, 503, "out of memory");
+		admin_error(req, 503, "out of memory");
 		return;
 	default:
 		break;
@@ -201,7 +172,7 @@ static void admin_replay_post(struct http_request *req, admin_rules_fn rules_fn)
 	status = replay_started(id, ADMIN_REPLAY_START_MS, &why);
 	if (status != 202) {
 		replay_forget(id);
-		admin_replay_error(req, status, "%s", why ? why : "not started");
+		admin_error(req, status, "%s", why ? why : "not started");
 		return;
 	}
 	out = evbuffer_new();
@@ -249,24 +220,24 @@ void admin_replay(struct http_request *req, void *arg)
 	}
 	id = admin_replay_id(path + strlen("/replay/"));
 	if (id < 0) {
-		admin_replay_error(req, 404, "use /replay/ID");
+		admin_error(req, 404, "use /replay/ID");
 		return;
 	}
 	if (m == HTTP_DELETE) {
 		rc = replay_cancel(id);
 		if (rc < 0) {
-			admin_replay_error(req, 404, "no replay %ld", id);
+			admin_error(req, 404, "no replay %ld", id);
 			return;
 		}
 		if (rc == 0) {
-			admin_replay_error(req, 409, "replay %ld has ended", id);
+			admin_error(req, 409, "replay %ld has ended", id);
 			return;
 		}
 		replay_wait(id, ADMIN_REPLAY_CANCEL_MS);
 	}
 	out = evbuffer_new();
 	if (replay_json(id, out) != 0)
-		admin_replay_error(req, 404, "no replay %ld", id);
+		admin_error(req, 404, "no replay %ld", id);
 	else
 		admin_replay_reply(req, 200, out);
 	evbuffer_free(out);

@@ -5,6 +5,7 @@
 
 #include "admin.h"
 #include "http.h"
+#include "json.h"
 #include "rules.h"
 #include "store/delayed.h"
 
@@ -49,36 +50,6 @@ char *admin_decode(const char *s, size_t len, int plus)
 	}
 	*o = '\0';
 	return out;
-}
-
-/* A JSON string of len bytes. */
-static void admin_schedule_str(struct evbuffer *out, const char *s, size_t len)
-{
-	size_t i;
-
-	evbuffer_add(out, "\"", 1);
-	for (i = 0; i < len; i++) {
-		unsigned char c = (unsigned char)s[i];
-
-		if (c == '"' || c == '\\')
-			evbuffer_add_printf(out, "\\%c", c);
-		else if (c < 0x20 || c == 0x7f)
-			evbuffer_add_printf(out, "\\u%04x", c);
-		else
-			evbuffer_add(out, s + i, 1);
-	}
-	evbuffer_add(out, "\"", 1);
-}
-
-static void admin_schedule_error(struct http_request *req, int code, const char *why)
-{
-	struct evbuffer *out = evbuffer_new();
-
-	evbuffer_add_printf(out, "{\"error\": ");
-	admin_schedule_str(out, why, strlen(why));
-	evbuffer_add_printf(out, "}\n");
-	http_reply(req, code, "application/json", out);
-	evbuffer_free(out);
 }
 
 /* The query's parameter name, decoded: 1 found (*val malloc'd), 0 absent,
@@ -171,14 +142,14 @@ static int admin_schedule_one(void *arg, const struct delayed_entry *e)
 	evbuffer_add_printf(
 	    l->page, "%s\n  {\"id\": \"%s\", \"message_id\": ", l->listed ? "," : "", id);
 	if (e->has_message_id)
-		admin_schedule_str(l->page, e->message_id, e->mlen);
+		json_string(l->page, e->message_id, e->mlen);
 	else
 		evbuffer_add_printf(l->page, "null");
 	evbuffer_add_printf(l->page,
 			    ", \"due_at\": %lld, \"exchange\": ", (long long)e->due_at);
-	admin_schedule_str(l->page, e->exchange, e->elen);
+	json_string(l->page, e->exchange, e->elen);
 	evbuffer_add_printf(l->page, ", \"routing_key\": ");
-	admin_schedule_str(l->page, e->routing_key, e->rlen);
+	json_string(l->page, e->routing_key, e->rlen);
 	evbuffer_add_printf(l->page, ", \"size\": %llu}", (unsigned long long)e->size);
 	memcpy(l->next, id, sizeof(id));
 	l->listed++;
@@ -201,24 +172,24 @@ static void admin_schedule_list(struct http_request *req, const char *vhost)
 		if (v[0] < '0' || v[0] > '9' || *end != '\0' || l.limit < 1 ||
 		    l.limit > ADMIN_SCHEDULE_LIMIT_MAX) {
 			free(v);
-			admin_schedule_error(req, 400, "limit is a number from 1 to 1000");
+			admin_error(req, 400, "limit is a number from 1 to 1000");
 			return;
 		}
 	}
 	free(v);
 	if (rc < 0) {
-		admin_schedule_error(req, 400, "bad percent-encoding in the query");
+		admin_error(req, 400, "bad percent-encoding in the query");
 		return;
 	}
 	rc = admin_schedule_param(http_query(req), "after", &v);
 	if (rc == 1 && delayed_parse_id(v, strlen(v), after) != 0) {
 		free(v);
-		admin_schedule_error(req, 400, "after is the id of a delayed message");
+		admin_error(req, 400, "after is the id of a delayed message");
 		return;
 	}
 	free(v);
 	if (rc < 0) {
-		admin_schedule_error(req, 400, "bad percent-encoding in the query");
+		admin_error(req, 400, "bad percent-encoding in the query");
 		return;
 	}
 	l.after = rc == 1 ? after : NULL;
@@ -228,7 +199,7 @@ static void admin_schedule_list(struct http_request *req, const char *vhost)
 		if (l.page)
 			evbuffer_free(l.page);
 		free(l.t);
-		admin_schedule_error(req, 500, "out of memory");
+		admin_error(req, 500, "out of memory");
 		return;
 	}
 	/* Every record is read: the counts are the vhost's, the page is one
@@ -237,12 +208,12 @@ static void admin_schedule_list(struct http_request *req, const char *vhost)
 	if (rc != STATE_OK) {
 		evbuffer_free(l.page);
 		free(l.t);
-		admin_schedule_error(req, 503, state_strerror(rc));
+		admin_error(req, 503, "%s", state_strerror(rc));
 		return;
 	}
 	out = evbuffer_new();
 	evbuffer_add_printf(out, "{\"vhost\": ");
-	admin_schedule_str(out, vhost, strlen(vhost));
+	json_string(out, vhost, strlen(vhost));
 	evbuffer_add_printf(out, ", \"total\": %lu, \"cancelled\": %lu, \"pending\": [",
 			    l.total, l.cancelled);
 	evbuffer_add_buffer(out, l.page);
@@ -254,9 +225,9 @@ static void admin_schedule_list(struct http_request *req, const char *vhost)
 	evbuffer_add_printf(out, ", \"targets\": [");
 	for (i = 0; i < l.nt; i++) {
 		evbuffer_add_printf(out, "%s\n  {\"exchange\": ", i ? "," : "");
-		admin_schedule_str(out, l.t[i].exchange, l.t[i].elen);
+		json_string(out, l.t[i].exchange, l.t[i].elen);
 		evbuffer_add_printf(out, ", \"routing_key\": ");
-		admin_schedule_str(out, l.t[i].routing_key, l.t[i].rlen);
+		json_string(out, l.t[i].routing_key, l.t[i].rlen);
 		evbuffer_add_printf(out, ", \"pending\": %lu}", l.t[i].n);
 	}
 	evbuffer_add_printf(out, "%s], \"other_targets_pending\": %lu}\n", l.nt ? "\n" : "",
@@ -276,21 +247,21 @@ static void admin_schedule_cancel(struct http_request *req, const char *vhost, c
 	int rc;
 
 	if (delayed_parse_id(id, strlen(id), key) != 0) {
-		admin_schedule_error(req, 400, "not the id of a delayed message");
+		admin_error(req, 400, "not the id of a delayed message");
 		return;
 	}
 	rc = delayed_cancel(vhost, key);
 	if (rc == STATE_NOTFOUND) {
-		admin_schedule_error(req, 404, "no delayed message with this id");
+		admin_error(req, 404, "no delayed message with this id");
 		return;
 	}
 	if (rc != STATE_OK) {
-		admin_schedule_error(req, 503, state_strerror(rc));
+		admin_error(req, 503, "%s", state_strerror(rc));
 		return;
 	}
 	out = evbuffer_new();
 	evbuffer_add_printf(out, "{\"vhost\": ");
-	admin_schedule_str(out, vhost, strlen(vhost));
+	json_string(out, vhost, strlen(vhost));
 	evbuffer_add_printf(out, ", \"id\": \"%s\", \"cancelled\": true}\n", id);
 	http_reply(req, 200, "application/json", out);
 	evbuffer_free(out);
@@ -306,28 +277,28 @@ static void admin_schedule_cancel_set(struct http_request *req, const char *vhos
 	e = admin_schedule_param(http_query(req), "exchange", &ex);
 	r = admin_schedule_param(http_query(req), "routing_key", &rk);
 	if (e < 0 || r < 0) {
-		admin_schedule_error(req, 400, "bad percent-encoding in the query");
+		admin_error(req, 400, "bad percent-encoding in the query");
 		goto out;
 	}
 	if (e == 0) {
-		admin_schedule_error(req, 400,
-				     "name the target: ?exchange=NAME (empty: the default "
-				     "exchange)[&routing_key=KEY]");
+		admin_error(req, 400,
+			    "name the target: ?exchange=NAME (empty: the default "
+			    "exchange)[&routing_key=KEY]");
 		goto out;
 	}
 	n = delayed_cancel_target(vhost, ex, rk);
 	if (n < 0) {
-		admin_schedule_error(req, 503, "the state could not be read or written");
+		admin_error(req, 503, "the state could not be read or written");
 		goto out;
 	}
 	out = evbuffer_new();
 	evbuffer_add_printf(out, "{\"vhost\": ");
-	admin_schedule_str(out, vhost, strlen(vhost));
+	json_string(out, vhost, strlen(vhost));
 	evbuffer_add_printf(out, ", \"exchange\": ");
-	admin_schedule_str(out, ex, strlen(ex));
+	json_string(out, ex, strlen(ex));
 	evbuffer_add_printf(out, ", \"routing_key\": ");
 	if (rk)
-		admin_schedule_str(out, rk, strlen(rk));
+		json_string(out, rk, strlen(rk));
 	else
 		evbuffer_add_printf(out, "null");
 	evbuffer_add_printf(out, ", \"cancelled\": %ld}\n", n);
@@ -353,23 +324,23 @@ void admin_schedule(struct http_request *req, void *arg)
 	if (slash)
 		id = admin_decode(slash + 1, strlen(slash + 1), 0);
 	if (vhost == NULL || (slash && id == NULL)) {
-		admin_schedule_error(req, 400, "bad percent-encoding in the path");
+		admin_error(req, 400, "bad percent-encoding in the path");
 		goto out;
 	}
 	if (vhost[0] == '\0' || (id && (id[0] == '\0' || strchr(id, '/')))) {
-		admin_schedule_error(req, 400,
-				     "use /schedule/VHOST or /schedule/VHOST/ID (VHOST "
-				     "percent-encoded, %2F for /)");
+		admin_error(req, 400,
+			    "use /schedule/VHOST or /schedule/VHOST/ID (VHOST "
+			    "percent-encoded, %%2F for /)");
 		goto out;
 	}
 	r = rules_cb ? rules_cb() : NULL;
 	v = r ? rules_vhost(r, vhost) : NULL;
 	if (v == NULL || !v->schedule.enabled) {
-		admin_schedule_error(req, 404, "no schedule rule for this vhost");
+		admin_error(req, 404, "no schedule rule for this vhost");
 		goto out;
 	}
 	if (delayed_state() == NULL) {
-		admin_schedule_error(req, 503, "the state layer is not open");
+		admin_error(req, 503, "the state layer is not open");
 		goto out;
 	}
 	if (http_method(req) == HTTP_DELETE) {
@@ -379,7 +350,7 @@ void admin_schedule(struct http_request *req, void *arg)
 			admin_schedule_cancel_set(req, vhost);
 	} else if (id) {
 		http_reply_header(req, "Allow", "DELETE");
-		admin_schedule_error(req, 405, "a delayed message is cancelled with DELETE");
+		admin_error(req, 405, "a delayed message is cancelled with DELETE");
 	} else {
 		admin_schedule_list(req, vhost);
 	}

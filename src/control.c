@@ -5,6 +5,7 @@
  * debt). */
 #include "control.h"
 
+#include "json.h"
 #include "limits.h"
 #include "list.h"
 #include "log.h"
@@ -96,9 +97,8 @@ void control_paused_json(struct evbuffer *out)
 	evbuffer_add(out, "[", 1);
 	pthread_mutex_lock(&control_lock);
 	list_for_each_entry (v, &control_vhosts, link) {
-		evbuffer_add_printf(out, "%s\"", first ? "" : ", ");
-		vstats_escape(out, v->name, 1);
-		evbuffer_add(out, "\"", 1);
+		evbuffer_add_printf(out, "%s", first ? "" : ", ");
+		json_cstring(out, v->name);
 		first = 0;
 	}
 	pthread_mutex_unlock(&control_lock);
@@ -115,7 +115,7 @@ void control_paused_metrics(struct evbuffer *out)
 	pthread_mutex_lock(&control_lock);
 	list_for_each_entry (v, &control_vhosts, link) {
 		evbuffer_add_printf(out, "acemq_proxy_vhost_paused{vhost=\"");
-		vstats_escape(out, v->name, 0);
+		vstats_escape(out, v->name);
 		evbuffer_add_printf(out, "\"} 1\n");
 	}
 	pthread_mutex_unlock(&control_lock);

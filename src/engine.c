@@ -14,6 +14,7 @@
  * which delivers them again. */
 #include "engine_int.h"
 
+#include "json.h"
 #include "log.h"
 #include "rules.h"
 #include "store/state.h"
@@ -575,9 +576,9 @@ void engine_stats_json(struct evbuffer *out)
 	pthread_mutex_lock(&engine_list_lock);
 	evbuffer_add_printf(out, "{");
 	for (e = engine_list; e; e = e->next) {
-		evbuffer_add_printf(out, "%s\n    \"", first ? "" : ",");
-		vstats_escape(out, e->vhost, 1);
-		evbuffer_add_printf(out, "\": {\"connected\": %d",
+		evbuffer_add_printf(out, "%s\n    ", first ? "" : ",");
+		json_cstring(out, e->vhost);
+		evbuffer_add_printf(out, ": {\"connected\": %d",
 				    __atomic_load_n(&e->connected, __ATOMIC_RELAXED));
 #define ENGINE_JSON(name, metric, labels, help)           \
 	evbuffer_add_printf(out, ", \"%s\": %llu", #name, \
@@ -609,7 +610,7 @@ void engine_metrics(struct evbuffer *out)
 	}                                                                                   \
 	for (e = engine_list; e; e = e->next) {                                             \
 		evbuffer_add_printf(out, "%s{vhost=\"", metric);                            \
-		vstats_escape(out, e->vhost, 0);                                            \
+		vstats_escape(out, e->vhost);                                               \
 		evbuffer_add_printf(out, "\"%s%s} %llu\n", labels[0] ? "," : "", labels,    \
 				    (unsigned long long)engine_load(&e->stats.name));       \
 	}

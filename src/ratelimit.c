@@ -70,42 +70,45 @@ static void ratelimit_take(struct ratelimit_bucket *b, double rate, double n, in
 	b->tokens -= n;
 }
 
-/* Alarm mode: an episode starts (logged) or ends. */
-static void ratelimit_episode(struct ratelimit_bucket *b, const char *vhost, const char *what,
-			      long rate, int over)
+/* Charge n to a bucket of rate a second: the debt left (0: none). In alarm
+ * mode there is never a debt: an excess is counted (over) and its episode
+ * logged when it starts. */
+static double ratelimit_charge(struct ratelimit_vhost *v, struct ratelimit_bucket *b,
+			       const char *what, long rate, double n, int alarm,
+			       enum vstats_counter over, int64_t now)
 {
-	if (over && !b->episode)
+	ratelimit_take(b, (double)rate, n, now);
+	if (b->tokens >= 0) {
+		b->episode = 0;
+		return 0;
+	}
+	if (!alarm)
+		return -b->tokens;
+	b->tokens = 0;
+	vstats_add(v->counters, over);
+	if (!b->episode)
 		log_warning("vhost %s over its %s of %ld a second (limits mode alarm: counted, "
 			    "not enforced; logged again after the rate is kept)",
-			    vhost, what, rate);
-	b->episode = over;
+			    v->name, what, rate);
+	b->episode = 1;
+	return 0;
 }
 
 int ratelimit_connection(const char *vhost, const struct rules_limits *l)
 {
 	int64_t now = ratelimit_now_ms();
 	struct ratelimit_vhost *v;
-	int over = 0, refused = 0;
+	int refused = 0;
 
 	if (l->connections_per_s <= 0)
 		return 0;
 	pthread_mutex_lock(&ratelimit_lock);
-	if ((v = ratelimit_find(vhost)) != NULL) {
-		ratelimit_take(&v->conn, (double)l->connections_per_s, 1, now);
-		over = v->conn.tokens < 0;
-		if (over && !l->alarm) {
-			v->conn.tokens += 1; /* refused: nothing taken */
-			refused = 1;
-			vstats_add(v->counters, VSTATS_rate_refused);
-		} else if (over) {
-			v->conn.tokens = 0; /* no debt: alarm mode only counts */
-			vstats_add(v->counters, VSTATS_rate_connection_over);
-			ratelimit_episode(&v->conn, vhost, "connections_per_s",
-					  l->connections_per_s, 1);
-		} else if (l->alarm) {
-			ratelimit_episode(&v->conn, vhost, "connections_per_s",
-					  l->connections_per_s, 0);
-		}
+	if ((v = ratelimit_find(vhost)) != NULL &&
+	    ratelimit_charge(v, &v->conn, "connections_per_s", l->connections_per_s, 1,
+			     l->alarm, VSTATS_rate_connection_over, now) > 0) {
+		v->conn.tokens += 1; /* refused: nothing taken */
+		vstats_add(v->counters, VSTATS_rate_refused);
+		refused = 1;
 	}
 	pthread_mutex_unlock(&ratelimit_lock);
 	return refused ? -1 : 0;
@@ -115,29 +118,18 @@ long ratelimit_publish(const char *vhost, const struct rules_limits *l, size_t n
 {
 	int64_t now = ratelimit_now_ms();
 	struct ratelimit_vhost *v;
-	double rate = (double)l->publish_bytes_per_s;
-	long wait = 0;
+	double debt = 0;
 
 	if (l->publish_bytes_per_s <= 0 || n == 0)
 		return 0;
 	pthread_mutex_lock(&ratelimit_lock);
-	if ((v = ratelimit_find(vhost)) != NULL) {
-		ratelimit_take(&v->bytes, rate, (double)n, now);
-		if (v->bytes.tokens < 0 && !l->alarm) {
-			/* The debt is paid by waiting: every publisher of the
-			 * vhost that sends meanwhile waits its turn too. */
-			wait = (long)(-v->bytes.tokens * 1000.0 / rate) + 1;
-			vstats_add(v->counters, VSTATS_rate_slowed);
-		} else if (v->bytes.tokens < 0) {
-			v->bytes.tokens = 0;
-			vstats_add(v->counters, VSTATS_rate_publish_over);
-			ratelimit_episode(&v->bytes, vhost, "publish_bytes_per_s",
-					  l->publish_bytes_per_s, 1);
-		} else if (l->alarm) {
-			ratelimit_episode(&v->bytes, vhost, "publish_bytes_per_s",
-					  l->publish_bytes_per_s, 0);
-		}
-	}
+	if ((v = ratelimit_find(vhost)) != NULL &&
+	    (debt =
+		 ratelimit_charge(v, &v->bytes, "publish_bytes_per_s", l->publish_bytes_per_s,
+				  (double)n, l->alarm, VSTATS_rate_publish_over, now)) > 0)
+		/* Paid by waiting: every publisher of the vhost that sends
+		 * meanwhile waits its turn too. */
+		vstats_add(v->counters, VSTATS_rate_slowed);
 	pthread_mutex_unlock(&ratelimit_lock);
-	return wait;
+	return debt > 0 ? (long)(debt * 1000.0 / (double)l->publish_bytes_per_s) + 1 : 0;
 }

@@ -4,6 +4,7 @@
 #include "replay_int.h"
 
 #include "engine_conn.h"
+#include "json.h"
 #include "store/state.h"
 
 #include <event2/buffer.h>
@@ -199,26 +200,6 @@ void replay_stop(void)
 
 /* ---- views ------------------------------------------------------------------------------ */
 
-/* A JSON string of len bytes (bytes past ASCII as \u00XX: valid JSON
- * whatever the bytes). */
-static void replay_str(struct evbuffer *out, const char *s, size_t len)
-{
-	size_t i;
-
-	evbuffer_add(out, "\"", 1);
-	for (i = 0; i < len; i++) {
-		unsigned char c = (unsigned char)s[i];
-
-		if (c == '"' || c == '\\')
-			evbuffer_add_printf(out, "\\%c", c);
-		else if (c < 0x20 || c >= 0x7f)
-			evbuffer_add_printf(out, "\\u%04x", c);
-		else
-			evbuffer_add(out, s + i, 1);
-	}
-	evbuffer_add(out, "\"", 1);
-}
-
 static void replay_one_json(const struct replay *j, struct evbuffer *out)
 {
 	static const char *const names[] = {
@@ -232,14 +213,14 @@ static void replay_one_json(const struct replay *j, struct evbuffer *out)
 	for (i = 0; i < REPLAY_NREASONS; i++)
 		skipped += j->skipped[i];
 	evbuffer_add_printf(out, "{\"id\": %ld, \"vhost\": ", j->id);
-	replay_str(out, j->spec.vhost, strlen(j->spec.vhost));
+	json_string(out, j->spec.vhost, strlen(j->spec.vhost));
 	evbuffer_add_printf(out, ", \"queue\": ");
-	replay_str(out, j->spec.queue, strlen(j->spec.queue));
+	json_string(out, j->spec.queue, strlen(j->spec.queue));
 	if (j->spec.has_target) {
 		evbuffer_add_printf(out, ", \"target\": {\"exchange\": ");
-		replay_str(out, j->spec.exchange, strlen(j->spec.exchange));
+		json_string(out, j->spec.exchange, strlen(j->spec.exchange));
 		evbuffer_add_printf(out, ", \"routing_key\": ");
-		replay_str(out, j->spec.routing_key, strlen(j->spec.routing_key));
+		json_string(out, j->spec.routing_key, strlen(j->spec.routing_key));
 		evbuffer_add_printf(out, "}");
 	} else {
 		evbuffer_add_printf(out, ", \"target\": \"x-death\"");
@@ -261,7 +242,7 @@ static void replay_one_json(const struct replay *j, struct evbuffer *out)
 				    j->missing[i].key);
 		if (j->missing[i].has_id) {
 			evbuffer_add_printf(out, ", \"message_id\": ");
-			replay_str(out, j->missing[i].message_id, j->missing[i].id_len);
+			json_string(out, j->missing[i].message_id, j->missing[i].id_len);
 		}
 		evbuffer_add_printf(out, "}");
 	}
@@ -275,7 +256,7 @@ static void replay_one_json(const struct replay *j, struct evbuffer *out)
 		const char *e = j->start_why ? j->start_why : j->error;
 
 		evbuffer_add_printf(out, ", \"error\": ");
-		replay_str(out, e, strlen(e));
+		json_string(out, e, strlen(e));
 	}
 	evbuffer_add_printf(out, "}");
 }

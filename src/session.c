@@ -14,6 +14,7 @@
 #include "greeting.h"
 #include "handshake.h"
 #include "host.h"
+#include "json.h"
 #include "limits.h"
 #include "log.h"
 #include "pool.h"
@@ -666,13 +667,6 @@ void session_unhold(struct session *s, enum chan_dir from)
 		session_wake(s, l);
 }
 
-static void session_json_string(struct evbuffer *out, const char *v)
-{
-	evbuffer_add(out, "\"", 1);
-	vstats_escape(out, v, 1);
-	evbuffer_add(out, "\"", 1);
-}
-
 void session_describe(struct session *s, struct evbuffer *out)
 {
 	static const char *const states[] = {"header",  "connecting", "handshake", "open",
@@ -685,11 +679,11 @@ void session_describe(struct session *s, struct evbuffer *out)
 	if (s->upstream.tr)
 		transport_bytes(s->upstream.tr, &bin, &bout);
 	evbuffer_add_printf(out, "{\"id\": %llu, \"address\": ", (unsigned long long)s->id);
-	session_json_string(out, s->peer);
+	json_cstring(out, s->peer);
 	evbuffer_add_printf(out, ", \"vhost\": ");
-	session_json_string(out, s->vhost);
+	json_cstring(out, s->vhost);
 	evbuffer_add_printf(out, ", \"user\": ");
-	session_json_string(out, s->user);
+	json_cstring(out, s->user);
 	/* A pooled client: the pooled broker connection it rides on (0
 	 * while it waits for one). */
 	pooled = s->upstream.tr ? pool_conn_id(s->upstream.tr) : -1;

@@ -1,6 +1,7 @@
 /* vstats: counters per vhost and queue (the idempotency answers) and per
  * vhost (publish dedup), one X-macro list for storage, /stats and /metrics. */
 #include "vstats.h"
+#include "json.h"
 
 #include <event2/buffer.h>
 #include <pthread.h>
@@ -48,15 +49,13 @@ void vstats_add(struct vstats *v, enum vstats_counter which)
 		__atomic_fetch_add(&v->v[which], 1, __ATOMIC_RELAXED);
 }
 
-void vstats_escape(struct evbuffer *out, const char *s, int json)
+void vstats_escape(struct evbuffer *out, const char *s)
 {
 	for (; *s; s++) {
 		if (*s == '\\' || *s == '"')
 			evbuffer_add_printf(out, "\\%c", *s);
 		else if (*s == '\n')
 			evbuffer_add(out, "\\n", 2);
-		else if (json && (unsigned char)*s < 0x20)
-			evbuffer_add_printf(out, "\\u%04x", (unsigned char)*s);
 		else
 			evbuffer_add(out, s, 1);
 	}
@@ -74,13 +73,11 @@ void vstats_json(struct evbuffer *out)
 	pthread_mutex_lock(&vstats_lock);
 	evbuffer_add_printf(out, "[");
 	for (v = vstats_list; v; v = v->next) {
-		evbuffer_add_printf(out, "%s\n    {\"vhost\": \"", first ? "" : ",");
-		vstats_escape(out, v->vhost, 1);
-		evbuffer_add_printf(out, "\"");
+		evbuffer_add_printf(out, "%s\n    {\"vhost\": ", first ? "" : ",");
+		json_cstring(out, v->vhost);
 		if (v->queue) {
-			evbuffer_add_printf(out, ", \"queue\": \"");
-			vstats_escape(out, v->queue, 1);
-			evbuffer_add_printf(out, "\"");
+			evbuffer_add_printf(out, ", \"queue\": ");
+			json_cstring(out, v->queue);
 		}
 #define VSTATS_JSON(name, scope, metric, labels, help)                                        \
 	if (VSTATS_IN_##scope(v))                                                             \
@@ -115,10 +112,10 @@ void vstats_metrics(struct evbuffer *out)
 		if (!VSTATS_IN_##scope(v))                                                    \
 			continue;                                                             \
 		evbuffer_add_printf(out, "%s{vhost=\"", metric);                              \
-		vstats_escape(out, v->vhost, 0);                                              \
+		vstats_escape(out, v->vhost);                                                 \
 		if (v->queue) {                                                               \
 			evbuffer_add_printf(out, "\",queue=\"");                              \
-			vstats_escape(out, v->queue, 0);                                      \
+			vstats_escape(out, v->queue);                                         \
 		}                                                                             \
 		evbuffer_add_printf(out, "\"%s%s} %llu\n", labels[0] ? "," : "", labels,      \
 				    (unsigned long long)__atomic_load_n(&v->v[VSTATS_##name], \

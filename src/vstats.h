@@ -57,9 +57,9 @@ struct vstats;
 struct vstats *vstats_get(const char *vhost, const char *queue);
 void vstats_add(struct vstats *v, enum vstats_counter which);
 
-/* s escaped into out for a JSON string (json 1) or a Prometheus label
- * value (json 0); the quotes are the caller's. */
-void vstats_escape(struct evbuffer *out, const char *s, int json);
+/* s escaped into out for a Prometheus label value; the quotes are the
+ * caller's (JSON strings: json.h). */
+void vstats_escape(struct evbuffer *out, const char *s);
 
 /* Admin views: a JSON array and Prometheus lines. */
 void vstats_json(struct evbuffer *out);

@@ -444,7 +444,7 @@ static void scheduler_stats_json(void *state, struct evbuffer *out)
 static void scheduler_label(struct evbuffer *out, const char *metric, struct engine *e)
 {
 	evbuffer_add_printf(out, "%s{vhost=\"", metric);
-	vstats_escape(out, engine_vhost(e), 0);
+	vstats_escape(out, engine_vhost(e));
 }
 
 static void scheduler_metrics(struct evbuffer *out, struct engine *list)

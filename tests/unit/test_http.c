@@ -5,10 +5,11 @@
  * itself on a loop of its own, with a route that takes a body: bodies read
  * whole, 100-continue, pipelined and keep-alive requests, HEAD, 401 before
  * the body, 413 and 411 unread, a head past its bound, the deadlines and
- * the connection cap. */
+ * the connection cap. And JSON strings written from any bytes. */
 #include "tests/unit/unit.h"
 
 #include "src/http.h"
+#include "src/json.h"
 
 #include <arpa/inet.h>
 #include <check.h>
@@ -433,6 +434,36 @@ START_TEST(test_server_deadlines_and_cap)
 }
 END_TEST
 
+/* What json_string writes for len bytes of s. */
+static const char *json_of(const char *s, size_t len)
+{
+	static char text[256];
+	struct evbuffer *out = evbuffer_new();
+
+	json_string(out, s, len);
+	return unit_text(out, text, sizeof(text));
+}
+
+START_TEST(test_json_string)
+{
+	ck_assert_str_eq(json_of("plain /vhost", 12), "\"plain /vhost\"");
+	ck_assert_str_eq(json_of("a\"b\\c", 5), "\"a\\\"b\\\\c\"");
+	ck_assert_str_eq(json_of("\n\x1b[2J\x7f", 6), "\"\\u000a\\u001b[2J\\u007f\"");
+	ck_assert_str_eq(json_of("a\0b", 3), "\"a\\u0000b\"");
+	/* Valid UTF-8 passes: 2, 3 and 4 bytes. */
+	ck_assert_str_eq(json_of("\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80", 9),
+			 "\"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\"");
+	/* Not UTF-8: a stray byte, a sequence cut short, an overlong form, a
+	 * surrogate, past U+10FFFF: each byte as \u00XX. */
+	ck_assert_str_eq(json_of("\xff", 1), "\"\\u00ff\"");
+	ck_assert_str_eq(json_of("x\xe2\x82", 3), "\"x\\u00e2\\u0082\"");
+	ck_assert_str_eq(json_of("\xc0\x80", 2), "\"\\u00c0\\u0080\"");
+	ck_assert_str_eq(json_of("\xed\xa0\x80", 3), "\"\\u00ed\\u00a0\\u0080\"");
+	ck_assert_str_eq(json_of("\xf4\x90\x80\x80", 4), "\"\\u00f4\\u0090\\u0080\\u0080\"");
+	ck_assert_str_eq(json_of("", 0), "\"\"");
+}
+END_TEST
+
 int main(void)
 {
 	TCase *tc = tcase_create("http");
@@ -446,5 +477,6 @@ int main(void)
 	tcase_add_test(tc, test_headers);
 	tcase_add_test(tc, test_framing);
 	tcase_add_test(tc, test_uri_decode);
+	tcase_add_test(tc, test_json_string);
 	return unit_run("http", tc, 1);
 }

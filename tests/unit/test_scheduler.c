@@ -237,15 +237,9 @@ static char stats[4096];
 static const char *stats_of(void)
 {
 	struct evbuffer *b = evbuffer_new();
-	size_t n;
 
 	client->stats_json(st, b);
-	n = evbuffer_get_length(b);
-	ck_assert_uint_lt(n, sizeof(stats));
-	evbuffer_remove(b, stats, n);
-	stats[n] = '\0';
-	evbuffer_free(b);
-	return stats;
+	return unit_text(b, stats, sizeof(stats));
 }
 
 static long long counter(const char *name)

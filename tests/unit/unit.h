@@ -3,6 +3,7 @@
 #define ACEMQ_UNIT_H
 
 #include <check.h>
+#include <event2/buffer.h>
 #include <stdlib.h>
 
 /* Run one suite made of one test case; exit status for main. */
@@ -20,6 +21,18 @@ static inline int unit_run(const char *name, TCase *tc, int fork)
 	failed = srunner_ntests_failed(sr);
 	srunner_free(sr);
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
+
+/* What b holds, as a C string in dst (it must fit); b is freed. */
+static inline const char *unit_text(struct evbuffer *b, char *dst, size_t cap)
+{
+	size_t n = evbuffer_get_length(b);
+
+	ck_assert_uint_lt(n, cap);
+	evbuffer_remove(b, dst, n);
+	dst[n] = '\0';
+	evbuffer_free(b);
+	return dst;
 }
 
 #endif

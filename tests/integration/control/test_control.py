@@ -7,7 +7,6 @@ drained; every route refused without the token, and bad input answered
 with 4xx. And the rules' rate limits: a vhost's connections past its rate
 refused (530), its publishers slowed by not reading, alarm mode counting
 and logging only."""
-import http.client
 import json
 import os
 import shutil
@@ -16,7 +15,6 @@ import tempfile
 import subprocess
 import threading
 import time
-import urllib.parse
 
 import pika
 import pytest
@@ -30,16 +28,7 @@ OTHER = "acemq-control-b"
 
 
 def request(port, method, path, body=None, token=TOKEN):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    headers = {"Authorization": "Bearer " + token} if token else {}
-    c.request(method, path, body=body, headers=headers)
-    r = c.getresponse()
-    data = r.read()
-    c.close()
-    try:
-        return r.status, json.loads(data)
-    except ValueError:
-        return r.status, data
+    return support.admin_request(port, method, path, token, body)
 
 
 class Control:
@@ -91,9 +80,7 @@ class Control:
 @pytest.fixture(scope="module")
 def other_vhost():
     support.ensure_rabbitmq(60)
-    support.rabbitmqctl("delete_vhost", OTHER, check=False)
-    support.rabbitmqctl("add_vhost", OTHER)
-    support.rabbitmqctl("set_permissions", "-p", OTHER, "guest", ".*", ".*", ".*")
+    support.fresh_vhost(OTHER)
     yield OTHER
     support.rabbitmqctl("delete_vhost", OTHER, check=False)
 

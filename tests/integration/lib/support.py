@@ -353,3 +353,32 @@ class HoldingRelay:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def admin_request(port, method, path, token=None, body=None, timeout=30, with_headers=False):
+    """One request to a proxy's admin endpoint, with the token as a bearer
+    when given and body (str or bytes) as JSON: (status, the answer parsed
+    as JSON, or its bytes when it is not JSON[, its headers])."""
+    import http.client
+    import json
+    c = http.client.HTTPConnection(HOST, port, timeout=timeout)
+    headers = {"Authorization": "Bearer " + token} if token else {}
+    if body is not None:
+        headers["Content-Type"] = "application/json"
+    c.request(method, path, body=body, headers=headers)
+    r = c.getresponse()
+    data = r.read()
+    got = dict(r.getheaders())
+    c.close()
+    try:
+        answer = json.loads(data)
+    except ValueError:
+        answer = data
+    return (r.status, answer, got) if with_headers else (r.status, answer)
+
+
+def fresh_vhost(name, user="guest"):
+    """The vhost made anew on the broker, user allowed everything in it."""
+    rabbitmqctl("delete_vhost", name, check=False)
+    rabbitmqctl("add_vhost", name)
+    rabbitmqctl("set_permissions", "-p", name, user, ".*", ".*", ".*")

@@ -3,7 +3,6 @@ rule (a filesystem store, so that a test can delete a payload) on a vhost
 of its own, and dead letters made on the broker: messages published
 through the proxy to an exchange, rejected from their queue into its
 dead-letter queue."""
-import http.client
 import json
 import os
 import shutil
@@ -33,19 +32,8 @@ class Proxy(rulesproxy.Proxy):
             self.stderr()
 
     def request(self, method, path, body=None, token=TOKEN, raw=None):
-        c = http.client.HTTPConnection("127.0.0.1", self.admin_port, timeout=60)
-        headers = {"Authorization": "Bearer " + token} if token else {}
         data = raw if raw is not None else (json.dumps(body) if body is not None else None)
-        if data is not None:
-            headers["Content-Type"] = "application/json"
-        c.request(method, path, body=data, headers=headers)
-        r = c.getresponse()
-        text = r.read()
-        c.close()
-        try:
-            return r.status, json.loads(text)
-        except ValueError:
-            return r.status, text
+        return support.admin_request(self.admin_port, method, path, token, data, timeout=60)
 
     def replay(self, **spec):
         spec.setdefault("vhost", VHOST)
@@ -78,9 +66,7 @@ def check_stopped(p):
 @pytest.fixture(scope="session")
 def dirs():
     support.ensure_rabbitmq(60)
-    support.rabbitmqctl("delete_vhost", VHOST, check=False)
-    support.rabbitmqctl("add_vhost", VHOST)
-    support.rabbitmqctl("set_permissions", "-p", VHOST, "guest", ".*", ".*", ".*")
+    support.fresh_vhost(VHOST)
     top = tempfile.mkdtemp(prefix="acemq-replay-")
     d = {"rules": os.path.join(top, "rules"), "data": os.path.join(top, "data"),
          "fs": os.path.join(top, "claims")}

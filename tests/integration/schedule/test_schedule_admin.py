@@ -2,8 +2,6 @@
 real RabbitMQ and pika: GET /schedule/VHOST in due order, DELETE by id and
 by target, what a restart keeps, the token, and bad input. A vhost of its
 own, so that no other scheduler takes these messages."""
-import http.client
-import json
 import os
 import random
 import shutil
@@ -28,24 +26,13 @@ ENC = urllib.parse.quote(VHOST, safe="")
 
 
 def request(port, method, path, token=TOKEN):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    headers = {"Authorization": "Bearer " + token} if token else {}
-    c.request(method, path, headers=headers)
-    r = c.getresponse()
-    body = r.read()
-    c.close()
-    try:
-        return r.status, json.loads(body)
-    except ValueError:
-        return r.status, body
+    return support.admin_request(port, method, path, token)
 
 
 @pytest.fixture(scope="module")
 def ops():
     support.ensure_rabbitmq(60)
-    support.rabbitmqctl("delete_vhost", VHOST, check=False)
-    support.rabbitmqctl("add_vhost", VHOST)
-    support.rabbitmqctl("set_permissions", "-p", VHOST, "guest", ".*", ".*", ".*")
+    support.fresh_vhost(VHOST)
     top = tempfile.mkdtemp(prefix="acemq-sched-ops-")
     rules = os.path.join(top, "rules")
     os.makedirs(rules)

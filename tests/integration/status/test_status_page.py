@@ -4,12 +4,9 @@ own endpoint, asks for the token, shows a known connection and vhost, sorts
 the connections, and its buttons cancel a delayed message, reload the
 rules, pause and resume a vhost and close a connection, each checked through
 the API or the client. A screenshot is taken."""
-import http.client
-import json
 import os
 import shutil
 import tempfile
-import time
 import urllib.parse
 
 import pika
@@ -31,24 +28,13 @@ ENC = urllib.parse.quote(VHOST, safe="")
 
 
 def request(port, method, path, token=TOKEN):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    c.request(method, path, headers={"Authorization": "Bearer " + token} if token else {})
-    r = c.getresponse()
-    body = r.read()
-    headers = dict(r.getheaders())
-    c.close()
-    try:
-        return r.status, json.loads(body), headers
-    except ValueError:
-        return r.status, body, headers
+    return support.admin_request(port, method, path, token, with_headers=True)
 
 
 @pytest.fixture(scope="module")
 def proxy():
     support.ensure_rabbitmq(60)
-    support.rabbitmqctl("delete_vhost", VHOST, check=False)
-    support.rabbitmqctl("add_vhost", VHOST)
-    support.rabbitmqctl("set_permissions", "-p", VHOST, "guest", ".*", ".*", ".*")
+    support.fresh_vhost(VHOST)
     top = tempfile.mkdtemp(prefix="acemq-status-")
     rules = os.path.join(top, "rules")
     os.makedirs(rules)
