@@ -21,7 +21,7 @@ from conftest import PROXY_BIN, ProxyProcess
 
 BENCH = os.path.join(os.path.dirname(PROXY_BIN), "..", "bench", "acemq-bench")
 SANITIZED = os.environ.get("ACEMQ_IT_SANITIZED") == "1"
-N = 3000
+N = 5000
 MIB = 1 << 20
 
 

@@ -1,8 +1,8 @@
 """contrib/grafana/acemq-proxy.json against the proxy's real /metrics:
 every series a panel or a variable queries is one the proxy exports, with
 the label values the queries name and the labels they group by. The proxy
-runs with the example rules of every pattern, so that every family is
-there."""
+runs with the example rules of every pattern, a connection to the rated
+example vhost and that vhost paused, so that every family is there."""
 import json
 import os
 import re
@@ -10,6 +10,7 @@ import shutil
 import tempfile
 import urllib.request
 
+import pika
 import pytest
 
 import rulesproxy
@@ -33,6 +34,15 @@ def metrics():
     p = rulesproxy.Proxy(os.path.join(TOP, "rules"), data, ["--admin", "127.0.0.1:%d" % admin])
     try:
         assert support.wait_until(lambda: support.port_accepts(admin), 10), p.stderr()
+        # A connection to the rated example vhost (the broker has no such
+        # vhost; the proxy's bucket has counted it) and a paused vhost:
+        # their series have samples.
+        try:
+            pika.BlockingConnection(pika.ConnectionParameters(
+                "127.0.0.1", p.port, "metered", connection_attempts=1)).close()
+        except pika.exceptions.AMQPError:
+            pass
+        assert support.admin_request(admin, "POST", "/vhosts/metered/pause")[0] == 200
         with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % admin, timeout=10) as r:
             text = r.read().decode()
     finally:
