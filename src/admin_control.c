@@ -96,17 +96,28 @@ static int admin_control_reason(struct http_request *req, char **reason)
 	return 0;
 }
 
-/* PREFIX/NAME/VERB: NAME (decoded, malloc'd) and VERB; -1 if malformed. */
+/* PREFIX/NAME/VERB: NAME (decoded, malloc'd) and VERB; -1 if not of that
+ * form, -2 if NAME is badly percent-encoded (or out of memory). */
 static int admin_control_split(const char *path, const char *prefix, char **name,
 			       const char **verb)
 {
 	const char *rest = path + strlen(prefix), *slash = strrchr(rest, '/');
 
+	*name = NULL;
 	if (slash == NULL || slash == rest || slash[1] == '\0')
 		return -1;
 	*verb = slash + 1;
 	*name = admin_decode(rest, (size_t)(slash - rest), 0);
-	return *name ? 0 : -1;
+	return *name ? 0 : -2;
+}
+
+/* Not PREFIX/NAME/VERB (404), or NAME badly percent-encoded (400). */
+static void admin_control_bad_path(struct http_request *req, int rc, const char *usage)
+{
+	if (rc == -2)
+		admin_error(req, 400, "bad percent-encoding in the path");
+	else
+		admin_error(req, 404, "not %s", usage);
 }
 
 /* Fan the job out and answer {"KEY": ..., "action": VERB, "connections": N}
@@ -153,12 +164,13 @@ static void admin_control_connection(struct http_request *req)
 	char *idtext = NULL, *end, *reason;
 	unsigned long long id;
 	struct evbuffer *out;
-	int n, missing = 0;
+	int n, rc, missing = 0;
 
-	if (admin_control_split(path, "/connections/", &idtext, &verb) != 0 ||
-	    (strcmp(verb, "close") != 0 && strcmp(verb, "drain") != 0)) {
+	rc = admin_control_split(path, "/connections/", &idtext, &verb);
+	if (rc != 0 || (strcmp(verb, "close") != 0 && strcmp(verb, "drain") != 0)) {
 		free(idtext);
-		admin_error(req, 404, "not /connections/ID/close or /connections/ID/drain");
+		admin_control_bad_path(req, rc,
+				       "/connections/ID/close or /connections/ID/drain");
 		return;
 	}
 	id = strtoull(idtext, &end, 10);
@@ -180,9 +192,19 @@ static void admin_control_connection(struct http_request *req)
 	j->t.id = id;
 	j->reason = reason;
 	n = admin_each_worker(admin_control_run, j, admin_control_job_free, NULL, &missing);
-	if (n <= 0) {
-		admin_error(req, n < 0 ? 500 : 404,
-			    n < 0 ? "out of memory" : "no such connection");
+	if (n < 0) {
+		admin_error(req, 500, "out of memory");
+		return;
+	}
+	if (n == 0 && missing > 0) {
+		admin_error(req, 504,
+			    "%d worker(s) did not answer within a second: the action may still "
+			    "happen",
+			    missing);
+		return;
+	}
+	if (n == 0) {
+		admin_error(req, 404, "no such connection (or it is closing already)");
 		return;
 	}
 	out = evbuffer_new();
@@ -199,10 +221,11 @@ static void admin_control_vhost(struct http_request *req)
 	const char *verb;
 	char *name = NULL, *reason = NULL;
 	enum control_action a;
+	int rc;
 
-	if (admin_control_split(http_path(req), "/vhosts/", &name, &verb) != 0) {
+	if ((rc = admin_control_split(http_path(req), "/vhosts/", &name, &verb)) != 0) {
 		free(name);
-		admin_error(req, 404, "not /vhosts/NAME/pause, resume or disconnect");
+		admin_control_bad_path(req, rc, "/vhosts/NAME/pause, resume or disconnect");
 		return;
 	}
 	if (strlen(name) > 127) {
@@ -253,13 +276,14 @@ static void admin_control_upstream(struct http_request *req)
 	struct admin_control_job *j;
 	const char *verb;
 	char *name = NULL, extra[64];
-	int i;
+	int i, rc;
 
-	if (admin_control_split(http_path(req), "/upstreams/", &name, &verb) != 0 ||
-	    (strcmp(verb, "disable") != 0 && strcmp(verb, "enable") != 0 &&
-	     strcmp(verb, "drain") != 0)) {
+	rc = admin_control_split(http_path(req), "/upstreams/", &name, &verb);
+	if (rc != 0 || (strcmp(verb, "disable") != 0 && strcmp(verb, "enable") != 0 &&
+			strcmp(verb, "drain") != 0)) {
 		free(name);
-		admin_error(req, 404, "not /upstreams/HOST:PORT/disable, enable or drain");
+		admin_control_bad_path(req, rc,
+				       "/upstreams/HOST:PORT/disable, enable or drain");
 		return;
 	}
 	if ((i = upstream_find(name)) < 0) {

@@ -190,8 +190,10 @@ void control_rate(struct session *s)
 		return;
 	}
 	/* Its frames wait in its socket (TCP backpressure) until then. */
-	if (session_later(s, wait) != 0)
+	if (session_later(s, wait) != 0) {
+		session_wake(s, &s->client);
 		return;
+	}
 	s->rate_held = 1;
 	session_hold(s, DIR_TO_BROKER);
 }
@@ -216,7 +218,9 @@ static int control_confirmed(const struct session *s)
 
 		if (ch == NULL || !ch->confirm_mode)
 			continue;
-		if (s->pipe.track ? confirmmap_pending(&ch->confirms)
+		/* A publish still with a hook has no entry in the map yet. */
+		if (s->pipe.track ? confirmmap_pending(&ch->confirms) ||
+					ch->confirms.next_client < ch->published
 				  : ch->confirmed < ch->published)
 			return 0;
 	}
@@ -230,6 +234,10 @@ static void control_close(struct session *s)
 	snprintf(text, sizeof(text), "CONNECTION_FORCED - %s",
 		 s->control_reason ? s->control_reason : CONTROL_DEFAULT_REASON);
 	session_shut(s, REPLY_CONNECTION_FORCED, text);
+	/* A client held (paused, rated, drained) may have stopped being
+	 * read: its close-ok is behind what waits. */
+	if (s->client.tr && s->state == SESSION_CLOSING)
+		session_wake(s, &s->client);
 }
 
 void control_check(struct session *s)
@@ -257,38 +265,40 @@ static void control_reason(struct session *s, const char *reason)
 }
 
 /* One session: called between its events (enter/leave keep its memory). */
-static void control_act(struct session *s, enum control_action a, const char *reason)
+/* One session: 1 if it was acted on (a closing one is not). */
+static int control_act(struct session *s, enum control_action a, const char *reason)
 {
 	switch (a) {
 	case CONTROL_GATE:
 	case CONTROL_UNGATE:
 		control_gate(s, a == CONTROL_GATE);
-		return;
+		return 1;
 	case CONTROL_CLOSE:
 	case CONTROL_DRAIN:
 		break;
 	}
 	if (s->state >= SESSION_CLOSING)
-		return;
+		return 0;
 	control_reason(s, reason);
 	session_log(s, LOG_INFO, "%s by the operator",
 		    a == CONTROL_CLOSE ? "closed" : "draining");
 	/* Before it is open a client cannot be told: its sockets close. */
 	if (s->state < SESSION_OPEN) {
 		session_end(s);
-		return;
+		return 1;
 	}
 	if (a == CONTROL_CLOSE) {
 		control_close(s);
-		return;
+		return 1;
 	}
 	if (s->draining)
-		return;
+		return 1;
 	/* Nothing more from the client; what it published is answered. */
 	s->draining = 1;
 	session_hold(s, DIR_TO_BROKER);
 	session_timer_set(s, worker_settings.drain_timeout_ms);
 	control_check(s);
+	return 1;
 }
 
 static int control_matches(const struct session *s, const struct control_target *t)
@@ -297,9 +307,13 @@ static int control_matches(const struct session *s, const struct control_target 
 		return 0;
 	if (t->id && s->id != t->id)
 		return 0;
-	if (t->vhost && (s->state < SESSION_OPEN || strcmp(s->vhost, t->vhost) != 0))
+	/* The vhost is named from connection.open on (a greeted or pooled
+	 * client's before its broker leg is up: a pause reaches it too). */
+	if (t->vhost && (s->vhost[0] == '\0' || strcmp(s->vhost, t->vhost) != 0))
 		return 0;
-	if (t->upstream >= 0 && (s->upstream.tr == NULL || s->upstream_at != t->upstream))
+	/* One connecting still may fail over to another address. */
+	if (t->upstream >= 0 && (s->state < SESSION_OPEN || s->upstream.tr == NULL ||
+				 s->upstream_at != t->upstream))
 		return 0;
 	return 1;
 }
@@ -313,9 +327,8 @@ int control_apply(struct worker *w, const struct control_target *t, enum control
 	list_for_each_entry_safe (s, &w->sessions, link) {
 		if (!control_matches(s, t))
 			continue;
-		n++;
 		session_enter(s);
-		control_act(s, a, reason);
+		n += control_act(s, a, reason);
 		session_leave(s);
 	}
 	return n;

@@ -263,7 +263,7 @@ static int relay_classify(struct session *s, struct leg *from, const struct fram
 			ch->published++;
 		} else if (s->gated && id == AMQP_BASIC_PUBLISH_METHOD && to_broker) {
 			return RELAY_GATE;
-		} else if (ch->confirm_mode && !to_broker &&
+		} else if (ch->confirm_mode && !to_broker && fi->size >= 12 &&
 			   (id == AMQP_BASIC_ACK_METHOD || id == AMQP_BASIC_NACK_METHOD)) {
 			/* The delivery tag follows class and method ids. */
 			uint64_t tag = 0;
@@ -571,6 +571,10 @@ int relay_pump(struct session *s, struct leg *from)
 		STATS_ADD(&s->w->stats, frames_to_broker, frames);
 	else
 		STATS_ADD(&s->w->stats, frames_to_client, frames);
+	/* Reading goes on below the high mark (also while closing: the
+	 * close handshake may sit behind what a full input held back). */
+	if (from->tr)
+		transport_input_consumed(from->tr);
 	if (s->state == SESSION_CLOSING) {
 		if (s->client.done)
 			session_leg_finish(s, &s->client);
@@ -578,8 +582,6 @@ int relay_pump(struct session *s, struct leg *from)
 			session_leg_finish(s, &s->upstream);
 		return session_reap(s) ? -1 : 0;
 	}
-	if (from->tr)
-		transport_input_consumed(from->tr);
 	return 0;
 }
 

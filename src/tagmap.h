@@ -58,10 +58,10 @@ uint64_t confirmmap_answer(struct confirmmap *cm);
  * client-side confirms. -1 if nothing matched. */
 int confirmmap_settle(struct confirmmap *cm, uint64_t broker_seq, int multiple,
 		      tagmap_emit_fn emit, void *arg);
-/* The broker sequence numbers a confirm of broker_seq (multiple as in
- * basic.ack) covers, without settling: fn for each, in order. */
 /* Whether a forwarded publish still waits for the broker's answer. */
 int confirmmap_pending(const struct confirmmap *cm);
+/* The broker sequence numbers a confirm of broker_seq (multiple as in
+ * basic.ack) covers, without settling: fn for each, in order. */
 void confirmmap_covered(const struct confirmmap *cm, uint64_t broker_seq, int multiple,
 			void (*fn)(void *arg, uint64_t broker_seq), void *arg);
 
