@@ -161,6 +161,10 @@ static int relay_method(struct session *s, struct leg *from, const struct frame_
 		/* Decoded strings point into the input: recycled only now. */
 		recycle_amqp_pool(pool);
 	}
+	/* A reader (a hook it called) may have closed the session and
+	 * finished this leg. */
+	if (from->tr == NULL)
+		return RELAY_CLOSED;
 	if (rc == RELAY_FORWARD)
 		relay_forward(s, from, frame_scan_wire_len(fi));
 	return rc;
