@@ -151,6 +151,8 @@ def test_drain_answers_the_confirms_first():
         relay.hold()  # the broker's confirms wait in the relay
         for i in range(5):
             c.publish(1, q, b"m%d" % i)
+        # the proxy has passed them on (and counted them) before the drain
+        assert support.wait_until(lambda: depth(q) == 5, 10)
         status, body = ctl.post("/connections/%d/drain" % row["id"])
         assert status == 200 and body["action"] == "drain", body
         # nothing comes while the broker's answers are held
@@ -162,7 +164,7 @@ def test_drain_answers_the_confirms_first():
         f = c.expect(w.CONNECTION_CLOSE, 0)
         close = w.parse_connection_close(f.args)
         assert close["reply_code"] == 320, close
-        assert support.wait_until(lambda: depth(q) == 5, 5)
+        assert depth(q) == 5
         c.close_socket()
     finally:
         relay.release()
@@ -188,6 +190,7 @@ def test_drain_closes_at_the_end_of_its_grace():
         c.confirm_select(1)
         relay.hold()
         c.publish(1, q, b"never confirmed in time")
+        assert support.wait_until(lambda: depth(q) == 1, 10)  # passed on, counted
         rows = request(admin, "GET", "/connections")[1]["rows"]
         t0 = time.monotonic()
         assert request(admin, "POST", "/connections/%d/drain" % rows[0]["id"])[0] == 200
