@@ -11,6 +11,7 @@
 #include "engine.h"
 #include "http.h"
 #include "json.h"
+#include "limits.h"
 #include "log.h"
 #include "pool.h"
 #include "rules.h"
@@ -413,6 +414,10 @@ static void admin_stats(struct http_request *req, void *arg)
 	    "\"pool_channels\": %lu,\n  \"pool_waiting\": %lu",
 	    PACKAGE_VERSION, (long long)(time(NULL) - admin_started), admin_nworkers, open,
 	    pg.connections, pg.channels, pg.waiting);
+	/* Counted against max_connections: from the accept (before a
+	 * worker makes it a session) until the session ends. */
+	evbuffer_add_printf(out, ",\n  \"connections_counted\": %ld",
+			    limits_connections_open());
 	admin_upstreams(out);
 	evbuffer_add_printf(out, ",\n  \"paused_vhosts\": ");
 	control_paused_json(out);
