@@ -351,7 +351,7 @@ static struct pool_conn *pool_pick(struct pool *p)
 	list_for_each_entry (c, &p->conns, node) {
 		if (c->phase != CONN_READY || c->check_only || !pool_conn_room(c))
 			continue;
-		if (best == NULL || c->used < best->used)
+		if (best == NULL || c->used - c->nkept_all < best->used - best->nkept_all)
 			best = c;
 	}
 	return best;
@@ -776,7 +776,8 @@ int64_t pool_conn_id(struct transport *tr)
 }
 
 /* On a worker's thread as it ends: the connections of the pools it is home
- * to close (their clients, on any worker, are told). */
+ * to close (their clients, on any worker, are told), and the pools leave
+ * its list. */
 void pool_worker_fini(void)
 {
 	struct pool *p;
@@ -793,4 +794,9 @@ void pool_worker_fini(void)
 			pool_conn_close(c, NULL); /* the last one may free p */
 		}
 	}
+	/* What is left (pools whose clients still hold them, let go later
+	 * by calls the main thread runs) must not point into this thread's
+	 * list, which ends with the thread. */
+	list_for_each_entry_safe (p, &pool_homed, homed)
+		list_del(&p->homed);
 }

@@ -46,9 +46,23 @@ struct evbuffer *pool_conn_out(struct pool_conn *c)
 	return transport_output(c->tr);
 }
 
-int pool_conn_room(const struct pool_conn *c)
+/* Room for one more broker channel. */
+static int pool_conn_room_new(const struct pool_conn *c)
 {
 	return c->used < (unsigned)c->pool->cfg.max_channels && c->used + 1u < c->nslots;
+}
+
+/* Room for a client's channel: a kept one, or a new one. */
+int pool_conn_room(const struct pool_conn *c)
+{
+	return c->nkept_all > 0 || pool_conn_room_new(c);
+}
+
+/* No client and no channel but kept ones: c is idle from now. */
+void pool_conn_idle_check(struct pool_conn *c)
+{
+	if (c->natts == 0 && c->used == c->nkept_all && c->idle_since == 0)
+		c->idle_since = time(NULL);
 }
 
 /* Connect to the pool's next broker address not tried yet. 0 or -1. */
@@ -161,7 +175,7 @@ int pool_conn_slot(struct pool_conn *c, struct pool_att *a, uint16_t n)
 {
 	unsigned i, m;
 
-	if (!pool_conn_room(c) && a != NULL)
+	if (!pool_conn_room_new(c) && a != NULL)
 		return 0;
 	for (i = 1; i < c->nslots; i++) {
 		m = 1 + (c->hint + i - 1) % (c->nslots - 1u);
@@ -194,8 +208,7 @@ void pool_conn_free_slot(struct pool_conn *c, uint16_t m)
 	ACEMQ_ASSERT(c->used > 0);
 	c->used--;
 	pool_channels_add(-1);
-	if (c->used == 0 && c->natts == 0)
-		c->idle_since = time(NULL);
+	pool_conn_idle_check(c);
 	if (!list_empty(&c->pool->waiting))
 		pool_retry_waiting(c->pool);
 }
@@ -222,9 +235,17 @@ void pool_conn_orphan(struct pool_conn *c, uint16_t m)
 	sl->att = NULL;
 	sl->state = SLOT_ORPHAN;
 	if (sl->closing & POOL_CLOSE_GOT) {
+		/* The broker closed it: its close-ok ends it there (a
+		 * channel.close after it would name a channel the broker no
+		 * longer has, which it answers by closing the connection). */
 		method_write(out, m, AMQP_CHANNEL_CLOSE_OK_METHOD,
 			     &(amqp_channel_close_ok_t){0});
 		sl->closing &= (uint8_t)~POOL_CLOSE_GOT;
+		c->last_out = time(NULL);
+		if (!(sl->closing & POOL_CLOSE_SENT)) {
+			pool_conn_free_slot(c, m);
+			return;
+		}
 	}
 	if (!(sl->closing & POOL_CLOSE_SENT)) {
 		method_write_channel_close(out, m, 200, "client gone", 0, 0);
@@ -418,6 +439,24 @@ static void pool_conn_channel(struct pool_conn *c, struct evbuffer *in,
 		evbuffer_drain(in, len);
 		return;
 	}
+	if (method && (id == AMQP_BASIC_ACK_METHOD || id == AMQP_BASIC_NACK_METHOD) &&
+	    ((p = evbuffer_pullup(in, (ev_ssize_t)len)) == NULL ||
+	     !pool_chan_confirm(sl, p, len))) {
+		/* Counted, and not the client's (or no client's). */
+		evbuffer_drain(in, len);
+		return;
+	}
+	if (sl->state == SLOT_KEPT || sl->state == SLOT_PROBE) {
+		if (method && id == AMQP_CHANNEL_CLOSE_METHOD) {
+			evbuffer_drain(in, len);
+			pool_chan_closed(c, fi->channel);
+			return;
+		}
+		evbuffer_drain(in, len);
+		if (method && id == AMQP_BASIC_QOS_OK_METHOD && sl->probe)
+			pool_chan_probed(c, fi->channel);
+		return;
+	}
 	if (sl->state == SLOT_ORPHAN) {
 		if (method && id == AMQP_CHANNEL_CLOSE_METHOD) {
 			method_write(transport_output(c->tr), fi->channel,
@@ -432,13 +471,26 @@ static void pool_conn_channel(struct pool_conn *c, struct evbuffer *in,
 	}
 	a = sl->att;
 	if (method) {
+		if (id == AMQP_CHANNEL_OPEN_OK_METHOD && sl->hide_open) {
+			/* Opened by the proxy for a client that has its open-ok. */
+			sl->state = SLOT_OPEN;
+			sl->hide_open = 0;
+			evbuffer_drain(in, len);
+			return;
+		}
+		if (id == AMQP_BASIC_QOS_OK_METHOD && sl->probe) {
+			evbuffer_drain(in, len);
+			pool_chan_probed(c, fi->channel);
+			return;
+		}
 		if (id == AMQP_CHANNEL_OPEN_OK_METHOD)
 			sl->state = SLOT_OPEN;
 		else if (id == AMQP_QUEUE_DECLARE_OK_METHOD && sl->exclusive_pending)
 			pool_conn_exclusive(c, sl, in, fi);
-		else if (id == AMQP_CHANNEL_CLOSE_METHOD)
+		else if (id == AMQP_CHANNEL_CLOSE_METHOD) {
 			sl->closing |= POOL_CLOSE_GOT;
-		else if (id == AMQP_CHANNEL_CLOSE_OK_METHOD)
+			sl->probe = 0; /* its qos-ok will not come */
+		} else if (id == AMQP_CHANNEL_CLOSE_OK_METHOD)
 			freed = 1;
 	}
 	p = evbuffer_pullup(in, 3);
@@ -581,7 +633,7 @@ static void pool_conn_tick(evutil_socket_t fd, short what, void *arg)
 			pool_feed(a);
 		}
 	}
-	if (c->natts == 0 && c->used == 0 && c->idle_since &&
+	if (c->natts == 0 && c->used == c->nkept_all && c->idle_since &&
 	    now - c->idle_since >= c->pool->cfg.idle_s)
 		pool_conn_close(c, "idle");
 }

@@ -25,6 +25,8 @@ enum pool_slot_state {
 	SLOT_OPENING, /* channel.open sent for a client */
 	SLOT_OPEN,
 	SLOT_ORPHAN, /* its client went or gave it up: closing at the broker */
+	SLOT_PROBE,  /* its client went: the qos(0) that decides keeping it is out */
+	SLOT_KEPT,   /* open at the broker, kept for the next client (pool_chan) */
 };
 
 /* One broker channel (M) of a connection. */
@@ -36,7 +38,20 @@ struct pool_slot {
 	uint8_t exclusive_pending; /* a queue.declare exclusive is out on it */
 	uint8_t closing;           /* POOL_CLOSE_* bits */
 	uint64_t content_left;     /* body bytes of a publish still to come */
+	/* pool_chan: keeping the channel for the next client */
+	uint8_t confirm;   /* in confirm mode at the broker */
+	uint8_t cselected; /* its client selected confirms */
+	uint8_t dirty;     /* it holds state a new channel has not: not kept */
+	uint8_t probe;     /* the qos(0) is out */
+	uint8_t fresh;     /* taken from the kept ones, no method sent on it yet */
+	uint8_t hide_open; /* opened by the proxy for a client: its open-ok not shown */
+	uint64_t bseq;     /* publishes on it since its confirm.select */
+	uint64_t cbase;    /* bseq at its client's confirm.select */
+	uint64_t floor;    /* every publish up to it confirmed... */
+	uint64_t bits;     /* ...and those of floor+1+i for each bit i */
 };
+
+#define POOL_KEPT_MAX 32 /* channels of each kind kept per connection */
 
 /* A broker channel is free again once every channel.close on it, from
  * either side, has had its close-ok (pool_conn_settle): never before, or a
@@ -68,7 +83,9 @@ struct pool_conn {
 	uint16_t heartbeat;
 	uint16_t nslots; /* channel numbers 1..nslots-1 */
 	struct pool_slot *slots;
-	unsigned used; /* slots not FREE */
+	unsigned used; /* slots not FREE (the kept ones too: open at the broker) */
+	uint16_t kept[2][POOL_KEPT_MAX]; /* kept slots, plain [0] and in confirm mode [1] */
+	unsigned nkept[2], nkept_all;
 	uint16_t hint; /* where to look for a free slot */
 	struct list atts;
 	unsigned natts;
@@ -204,6 +221,17 @@ void pool_conn_orphan(struct pool_conn *c, uint16_t m);
 void pool_conn_kick(struct pool_conn *c);
 struct evbuffer *pool_conn_out(struct pool_conn *c);
 int pool_conn_room(const struct pool_conn *c);
+void pool_conn_idle_check(struct pool_conn *c);
+
+/* pool_chan.c */
+uint16_t pool_chan_take(struct pool_conn *c, struct pool_att *a, uint16_t n);
+uint16_t pool_chan_first(struct pool_conn *c, struct pool_att *a, uint16_t n, int confirm);
+void pool_chan_sent(struct pool_slot *sl, amqp_method_number_t id);
+int pool_chan_select(struct pool_conn *c, uint16_t m, int nowait);
+int pool_chan_retire(struct pool_conn *c, uint16_t m, int client);
+void pool_chan_probed(struct pool_conn *c, uint16_t m);
+int pool_chan_confirm(struct pool_slot *sl, uint8_t *p, size_t len);
+void pool_chan_closed(struct pool_conn *c, uint16_t m);
 
 /* pool_mux.c */
 void pool_mux_output(void *arg);

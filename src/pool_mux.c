@@ -274,6 +274,15 @@ static int pool_mux_channel(struct pool_att *a, struct evbuffer *out,
 			evbuffer_drain(out, len);
 			return 0;
 		}
+		m = pool_chan_take(c, a, n);
+		if (m) {
+			/* A kept channel: the broker's open-ok for it came. */
+			evbuffer_drain(out, len);
+			method_write(a->down, n, AMQP_CHANNEL_OPEN_OK_METHOD,
+				     &(amqp_channel_open_ok_t){amqp_empty_bytes});
+			pool_feed(a);
+			return 0;
+		}
 		m = (uint16_t)pool_conn_slot(c, a, n);
 		if (m == 0) {
 			pool_mux_refuse(a, n, REPLY_NOT_ALLOWED,
@@ -310,7 +319,25 @@ static int pool_mux_channel(struct pool_att *a, struct evbuffer *out,
 		evbuffer_drain(out, len);
 		return 0;
 	}
+	if (sl->probe) {
+		/* The client closed it; its close-ok comes with the qos-ok. */
+		evbuffer_drain(out, len);
+		return 0;
+	}
 	if (method) {
+		if (sl->fresh && id != AMQP_CHANNEL_CLOSE_METHOD) {
+			m = pool_chan_first(c, a, n, id == AMQP_CONFIRM_SELECT_METHOD);
+			sl = &c->slots[m];
+		}
+		if (id == AMQP_CONFIRM_SELECT_METHOD) {
+			const uint8_t *p = evbuffer_pullup(out, (ev_ssize_t)len);
+
+			if (p && pool_chan_select(c, m, fi->size > 4 && (p[11] & 1))) {
+				evbuffer_drain(out, len);
+				pool_feed(a);
+				return 0;
+			}
+		}
 		if (fi->class_id == 50 || id == AMQP_BASIC_CONSUME_METHOD ||
 		    id == AMQP_BASIC_GET_METHOD) {
 			a->consumed |= fi->class_id == 60; /* deliveries may come */
@@ -326,6 +353,11 @@ static int pool_mux_channel(struct pool_att *a, struct evbuffer *out,
 				return 1;
 			sl->content_left = body; /* the header and bodies follow at once */
 		} else if (id == AMQP_CHANNEL_CLOSE_METHOD) {
+			if (pool_chan_retire(c, m, 1)) {
+				/* Kept if the broker's answer to a qos(0) says so. */
+				evbuffer_drain(out, len);
+				return 0;
+			}
 			sl->closing |= POOL_CLOSE_SENT;
 		} else if (id == AMQP_CHANNEL_CLOSE_OK_METHOD) {
 			/* Answers the broker's close, or nothing the broker
@@ -344,6 +376,8 @@ static int pool_mux_channel(struct pool_att *a, struct evbuffer *out,
 		sl->content_left =
 		    sl->content_left > fi->size ? sl->content_left - fi->size : 0;
 	}
+	if (method)
+		pool_chan_sent(sl, id);
 	pool_mux_move(a, out, fi, m);
 	return 0;
 }
@@ -554,9 +588,12 @@ void pool_mux_leave(struct pool_att *a, int wait)
 		}
 		if (m0 && c->slots[m0].att == NULL)
 			pool_mux_orphan(a, c, (uint16_t)m0, wait);
+		else if (m0)
+			c->slots[m0].dirty =
+			    1; /* closed, so the close-ok waits for the deletes */
 	}
 	for (n = 0; n < a->nmap; n++)
-		if (a->map[n])
+		if (a->map[n] && !pool_chan_retire(c, a->map[n], 0))
 			pool_mux_orphan(a, c, a->map[n], wait);
 	if (--a->closing_chans == 0 && wait)
 		pool_mux_closed(a);

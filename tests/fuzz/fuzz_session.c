@@ -557,7 +557,11 @@ static void fuzz_broker_frame(struct evbuffer *b, uint8_t k, uint8_t p)
 			     &(amqp_channel_close_ok_t){0});
 		break;
 	default:
-		evbuffer_add(b, heartbeat, 8);
+		if (p & 0x80) /* the answer to the pool's qos(0) that keeps a channel */
+			method_write(b, ch, AMQP_BASIC_QOS_OK_METHOD,
+				     &(amqp_basic_qos_ok_t){0});
+		else
+			evbuffer_add(b, heartbeat, 8);
 		break;
 	}
 }
@@ -608,6 +612,10 @@ static void fuzz_broker_answer(void)
 				break;
 			case AMQP_BASIC_CONSUME_METHOD:
 				k = 10;
+				break;
+			case AMQP_BASIC_QOS_METHOD:
+				k = 15;
+				p = (uint8_t)(0x81 + p);
 				break;
 			case AMQP_CONNECTION_CLOSE_METHOD:
 				k = 13;

@@ -230,3 +230,20 @@ session_seeds_dedup = {
 for name, data in session_seeds_dedup.items():
     with open(os.path.join(here, "corpus", "session", name), "wb") as f:
         f.write(data)
+
+session_seeds_pool = {
+    # pooled ("/" with rules 3): a channel in confirm mode closed after its
+    # publish is confirmed (kept: the proxy's qos(0) answered), opened again
+    # (taken from the kept ones, confirm.select answered by the proxy), a
+    # channel without confirms (a plain one); then a client that vanishes
+    # while the qos is out and its answer never comes
+    "pool-kept-channel": bytes([RELOAD, 3]) + HANDSHAKE + cf(4, 0) + cf(5, 0) + cf(6, 3)
+    + PAUSE + cf(12, 0) + PAUSE + cf(4, 0) + cf(5, 0) + cf(6, 3) + PAUSE + cf(12, 0) + PAUSE
+    + cf(4, 0) + cf(6, 3) + PAUSE + cf(13),
+    "pool-kept-channel-client-vanishes": bytes([RELOAD, 3]) + HANDSHAKE + cf(4, 0) + cf(5, 0)
+    + cf(6, 3) + PAUSE + bytes([AUTO_BROKER]) + cf(12, 0) + PAUSE + bytes([CLIENT_CLOSE])
+    + bytes([AUTO_BROKER]) + PAUSE,
+}
+for name, data in session_seeds_pool.items():
+    with open(os.path.join(here, "corpus", "session", name), "wb") as f:
+        f.write(data)
