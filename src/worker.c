@@ -15,6 +15,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -31,6 +32,10 @@
 /* Descriptor numbers whose libevent entries are made at once, ahead of the
  * sessions that will use them (see worker_fd_prepare). */
 #define WORKER_FD_BLOCK 1024
+/* Descriptor numbers below the file limit never prepared: near it, the
+ * numbers the worker takes for a moment would be the listener's last ones
+ * (its spare, a new client's). */
+#define WORKER_FD_HEADROOM 64
 
 struct worker_settings worker_settings;
 
@@ -93,13 +98,21 @@ static void worker_fd_noop(evutil_socket_t fd, short what, void *arg)
  * malloc_trim then gives almost nothing back. So before a session whose
  * descriptor nears the numbers already prepared, the worker makes the
  * entries of the next block together: each free number in it is taken
- * with F_DUPFD (never one in use), watched and unwatched once, and closed. */
+ * with F_DUPFD (never one in use), watched and unwatched once, and closed;
+ * never within WORKER_FD_HEADROOM of the file limit. */
 static void worker_fd_prepare(struct worker *w, int fd)
 {
 	struct event *ev;
 	int spare, x, y, end = fd + WORKER_FD_BLOCK;
+	struct rlimit rl;
 
 	if (fd < 0 || fd + 64 < w->fd_ready)
+		return;
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+	    (rlim_t)end + WORKER_FD_HEADROOM > rl.rlim_cur)
+		end = rl.rlim_cur > WORKER_FD_HEADROOM ? (int)(rl.rlim_cur - WORKER_FD_HEADROOM)
+						       : 0;
+	if (end <= w->fd_ready)
 		return;
 	spare = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (spare < 0)
