@@ -52,6 +52,8 @@ struct bench_opts {
 	const char *exchange, *routing_key; /* publish there instead of the queue */
 	const char *cacert;                 /* TLS: the CA the server is verified against */
 	const char *id_header;              /* each publish carries a unique value in it */
+	int persistent;                     /* delivery_mode 2 on a durable queue */
+	const char *queue_type;             /* x-queue-type of the queue (NULL: the broker's) */
 	int window;
 	int auto_ack;
 	int prefetch;
@@ -582,7 +584,8 @@ static void bench_publish_loop(struct bench_worker *w, uint64_t start, uint64_t 
 			next += interval_ns;
 		if (stamp)
 			memcpy(body.bytes, &now, sizeof(now));
-		if (bench_opts.message_ids || bench_opts.delay_ms > 0 || bench_opts.id_header) {
+		if (bench_opts.message_ids || bench_opts.delay_ms > 0 || bench_opts.id_header ||
+		    bench_opts.persistent) {
 			char id[48];
 			amqp_basic_properties_t props;
 			amqp_table_entry_t hdr[2];
@@ -592,6 +595,10 @@ static void bench_publish_loop(struct bench_worker *w, uint64_t start, uint64_t 
 			props.headers.entries = hdr;
 			snprintf(id, sizeof(id), "%d-%d-%" PRIu64, (int)getpid(), w->index,
 				 w->published);
+			if (bench_opts.persistent) {
+				props._flags |= AMQP_BASIC_DELIVERY_MODE_FLAG;
+				props.delivery_mode = 2;
+			}
 			if (bench_opts.message_ids) {
 				props._flags |= AMQP_BASIC_MESSAGE_ID_FLAG;
 				props.message_id = amqp_cstring_bytes(id);
@@ -794,20 +801,27 @@ static void *bench_consumer_main(void *arg)
 
 static int bench_queue_setup(struct bench_worker *w)
 {
-	amqp_table_entry_t arg;
+	amqp_table_entry_t arg[2];
 	amqp_table_t args;
+	int durable = bench_opts.persistent || bench_opts.queue_type != NULL;
 
 	if (bench_connect(w, &w->conn) < 0)
 		return -1;
 	amqp_queue_delete(w->conn, 1, amqp_cstring_bytes(bench_queue), 0, 0);
 	if (bench_check(w, amqp_get_rpc_reply(w->conn), "queue.delete") < 0)
 		return -1;
-	arg.key = amqp_cstring_bytes("x-expires");
-	arg.value.kind = AMQP_FIELD_KIND_I32;
-	arg.value.value.i32 = BENCH_QUEUE_EXPIRES_MS;
+	arg[0].key = amqp_cstring_bytes("x-expires");
+	arg[0].value.kind = AMQP_FIELD_KIND_I32;
+	arg[0].value.value.i32 = BENCH_QUEUE_EXPIRES_MS;
 	args.num_entries = 1;
-	args.entries = &arg;
-	amqp_queue_declare(w->conn, 1, amqp_cstring_bytes(bench_queue), 0, 0, 0, 0, args);
+	args.entries = arg;
+	if (bench_opts.queue_type) {
+		arg[1].key = amqp_cstring_bytes("x-queue-type");
+		arg[1].value.kind = AMQP_FIELD_KIND_UTF8;
+		arg[1].value.value.bytes = amqp_cstring_bytes(bench_opts.queue_type);
+		args.num_entries = 2;
+	}
+	amqp_queue_declare(w->conn, 1, amqp_cstring_bytes(bench_queue), 0, durable, 0, 0, args);
 	return bench_check(w, amqp_get_rpc_reply(w->conn), "queue.declare");
 }
 
@@ -1254,6 +1268,9 @@ static void bench_usage(FILE *out)
 	    "  -c, --confirms           publisher confirms\n"
 	    "      --window N           unconfirmed messages per publisher (default 256)\n"
 	    "      --message-ids        give each publish a unique message-id property\n"
+	    "      --persistent         persistent messages (delivery_mode 2), durable queue\n"
+	    "      --queue-type TYPE    declare the queue with x-queue-type TYPE (quorum:\n"
+	    "                           durable)\n"
 	    "      --delay MS           give each publish an x-delay header of MS\n"
 	    "      --exchange NAME      publish to this exchange (default: \"\")\n"
 	    "      --routing-key KEY    with this routing key (default: the queue)\n"
@@ -1372,6 +1389,8 @@ enum {
 	BENCH_OPT_ROUTING_KEY,
 	BENCH_OPT_TLS_CA,
 	BENCH_OPT_ID_HEADER,
+	BENCH_OPT_PERSISTENT,
+	BENCH_OPT_QUEUE_TYPE,
 };
 
 static const struct option bench_long_opts[] = {
@@ -1387,6 +1406,8 @@ static const struct option bench_long_opts[] = {
     {"confirms", no_argument, NULL, 'c'},
     {"window", required_argument, NULL, BENCH_OPT_WINDOW},
     {"message-ids", no_argument, NULL, BENCH_OPT_MESSAGE_IDS},
+    {"persistent", no_argument, NULL, BENCH_OPT_PERSISTENT},
+    {"queue-type", required_argument, NULL, BENCH_OPT_QUEUE_TYPE},
     {"delay", required_argument, NULL, BENCH_OPT_DELAY},
     {"exchange", required_argument, NULL, BENCH_OPT_EXCHANGE},
     {"routing-key", required_argument, NULL, BENCH_OPT_ROUTING_KEY},
@@ -1458,6 +1479,12 @@ static int bench_parse_args(int argc, char **argv)
 			break;
 		case BENCH_OPT_MESSAGE_IDS:
 			bench_opts.message_ids = 1;
+			break;
+		case BENCH_OPT_PERSISTENT:
+			bench_opts.persistent = 1;
+			break;
+		case BENCH_OPT_QUEUE_TYPE:
+			bench_opts.queue_type = optarg;
 			break;
 		case BENCH_OPT_DELAY:
 			bench_opts.delay_ms = atol(optarg);
