@@ -39,6 +39,11 @@ CONSUMERS = 2
 # A pooled vhost: chaos clients on it share broker connections with the
 # last publisher and consumer, who must see no error either.
 POOL_VHOST = "acemq-chaos-pool"
+# Where an operator closes, drains, pauses and disconnects chaos clients
+# through the admin endpoint (pooled too, on a pool of its own): only
+# chaos clients go there.
+OP_VHOST = "acemq-chaos-op"
+VHOSTS = ["/", POOL_VHOST, OP_VHOST]
 
 START_OK = wire.method_frame(0, wire.CONNECTION_START_OK, wire.table({}) + wire.shortstr("PLAIN")
                              + wire.longstr(b"\x00guest\x00guest") + wire.shortstr("en_US"))
@@ -74,7 +79,7 @@ def proc_rss_kb(pid, field="RssAnon"):
 def session_script(rng):
     """The bytes of a whole, valid client session, pipelined."""
     ch = 1 + rng.randrange(3)
-    out = wire.PROTOCOL_HEADER + START_OK + TUNE_OK + open_frame(rng.choice(["/", POOL_VHOST]))
+    out = wire.PROTOCOL_HEADER + START_OK + TUNE_OK + open_frame(rng.choice(VHOSTS))
     out += wire.method_frame(ch, wire.CHANNEL_OPEN, wire.shortstr(""))
     if rng.random() < 0.5:
         out += wire.method_frame(ch, wire.CONFIRM_SELECT, b"\x00")
@@ -158,7 +163,7 @@ class Chaos(object):
     def bad_frame_after_tune(self):
         c = wire.RawClient(self.port, timeout=5)
         try:
-            c.handshake(vhost=self.rng.choice(["/", POOL_VHOST]))
+            c.handshake(vhost=self.rng.choice(VHOSTS))
             if self.rng.random() < 0.7:
                 c.channel_open(1)
             c.send(self.rng.choice(BAD_FRAMES))
@@ -198,10 +203,13 @@ def make_body(rng, i):
 def test_chaos():
     print("chaos seed: %d (ACEMQ_CHAOS_SEED=%d reproduces), %.0f s" % (SEED, SEED, SECONDS))
     rules = tempfile.mkdtemp(prefix="acemq-chaos-rules-")
-    support.rabbitmqctl("add_vhost", POOL_VHOST, check=False)
-    support.rabbitmqctl("set_permissions", "-p", POOL_VHOST, "guest", ".*", ".*", ".*")
+    for v in (POOL_VHOST, OP_VHOST):
+        support.rabbitmqctl("add_vhost", v, check=False)
+        support.rabbitmqctl("set_permissions", "-p", v, "guest", ".*", ".*", ".*")
     with open(os.path.join(rules, "pool.json"), "w") as f:
         f.write('{"vhost": "%s", "pool": {"max_connections": 2}}' % POOL_VHOST)
+    with open(os.path.join(rules, "op.json"), "w") as f:
+        f.write('{"vhost": "%s", "pool": {"max_connections": 1}}' % OP_VHOST)
     with open(os.path.join(rules, "root.json"), "w") as f:
         # reply_to rewrites, and the claim check sends the good clients'
         # larger bodies through the store and back: the asynchronous
@@ -264,6 +272,10 @@ def _run(proc, port, admin, rules):
         ch.queue_declare(queue, auto_delete=False)
         ch.queue_purge(queue)
         conn.close()
+    # The operator's vhost: its pool's broker connection open from here on.
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, OP_VHOST))
+    conn.channel()
+    conn.close()
     time.sleep(0.5)
     fds0, rss0 = proc_fds(proc.pid), proc_rss_kb(proc.pid)
 
@@ -338,8 +350,48 @@ def _run(proc, port, admin, rules):
             proc.send_signal(signal.SIGHUP)
             reloads[0] += 1
 
+    actions = {}
+
+    def operator():
+        # An operator at the admin endpoint, acting on the chaos clients
+        # of OP_VHOST while they come and go: a connection closed or
+        # drained (404 once it has gone), the vhost paused and resumed,
+        # or disconnected. A pause is always resumed.
+        rng = random.Random(SEED + 31)
+        quoted = OP_VHOST.replace("/", "%2F")
+        while time.monotonic() < stop_at:
+            time.sleep(0.2 + rng.random())
+            what = rng.choice(["close", "drain", "pause", "disconnect"])
+            if what in ("close", "drain"):
+                status, rows = support.admin_request(admin, "GET", "/connections")
+                ids = [r["id"] for r in rows if r.get("vhost") == OP_VHOST] if status == 200 else []
+                if not ids:
+                    continue
+                status, _ = support.admin_request(
+                    admin, "POST", "/connections/%d/%s" % (rng.choice(ids), what),
+                    body=json.dumps({"reason": "chaos"}) if what == "close" else None)
+                assert status in (200, 404), (what, status)
+            elif what == "pause":
+                assert support.admin_request(admin, "POST", "/vhosts/%s/pause" % quoted)[0] == 200
+                time.sleep(rng.random())
+                what = "pause and resume"
+                assert support.admin_request(admin, "POST", "/vhosts/%s/resume" % quoted)[0] == 200
+            else:
+                assert support.admin_request(admin, "POST",
+                                             "/vhosts/%s/disconnect" % quoted)[0] == 200
+            actions[what] = actions.get(what, 0) + 1
+
+    op_errors = []
+
+    def operator_run():
+        try:
+            operator()
+        except Exception as e:  # noqa: BLE001 - any error is the finding
+            op_errors.append(repr(e))
+
     chaos = [Chaos(port, random.Random(SEED + 7919 * i), stop_at) for i in range(CHAOS_THREADS)]
-    threads = [threading.Thread(target=c.run) for c in chaos] + [threading.Thread(target=reloader)]
+    threads = [threading.Thread(target=c.run) for c in chaos] + [
+        threading.Thread(target=reloader), threading.Thread(target=operator_run)]
     pubs = [threading.Thread(target=publisher, args=(i,)) for i in range(PUBLISHERS)]
     cons = [threading.Thread(target=consumer, args=(i,)) for i in range(CONSUMERS)]
     for t in threads + pubs + cons:
@@ -359,13 +411,16 @@ def _run(proc, port, admin, rules):
         st = json.loads(r.read())
     print("chaos clients:", counts, "messages sent:", len(sent), "received:", len(received),
           "offloaded:", st["claims_offloaded"], "rehydrated:", st["claims_rehydrated"],
-          "claimed:", st["idem_claimed"], "rules reloads (greeting on, off):", reloads[0])
+          "claimed:", st["idem_claimed"], "rules reloads (greeting on, off):", reloads[0],
+          "operator's actions:", actions)
+    assert not op_errors, op_errors
+    assert sum(actions.values()) >= 3, actions
     assert st["claims_offloaded"] > 0 and st["claims_rehydrated"] > 0
     assert reloads[0] >= 2 and st["rules_reloads"] >= reloads[0] - 1, (reloads, st["rules_reloads"])
     root_sent = [k for k in sent if not k.startswith("pool-")]
     assert len(root_sent) > 0 and len(sent) > len(root_sent), "both vhosts carried messages"
     assert st["idem_claimed"] >= len(root_sent) and st["idem_duplicate"] == 0
-    assert st["pool_connections"] <= 2
+    assert st["pool_connections"] <= 3  # 2 for POOL_VHOST, 1 for OP_VHOST
     assert not errors, "well-behaved clients saw errors: %s" % errors
     assert sum(counts.values()) > 100
     assert len(sent) > 0

@@ -28,6 +28,18 @@ def confirms(c, channel, n):
     return acked
 
 
+def publish_confirmed(pooled, q, bodies):
+    """A raw client publishes bodies with confirms (numbered from 1 for it),
+    then leaves without closing its channel."""
+    c = raw(pooled)
+    c.channel_open(1)
+    c.confirm_select(1)
+    for b in bodies:
+        c.publish(1, q, b)
+    assert confirms(c, 1, len(bodies)) == set(range(1, len(bodies) + 1))
+    c.close()
+
+
 def test_confirms_numbered_from_one_on_a_kept_channel(pooled):
     q = fresh_queue(VHOST_ONE)
     used0 = metric(pooled, KEPT_USED)
@@ -58,12 +70,7 @@ def test_client_without_confirms_gets_a_plain_channel(pooled):
     transactions (refused by the broker on a channel in confirm mode) has
     them."""
     q = fresh_queue(VHOST_ONE)
-    c = raw(pooled)
-    c.channel_open(1)
-    c.confirm_select(1)
-    c.publish(1, q, b"confirmed")
-    confirms(c, 1, 1)
-    c.close()
+    publish_confirmed(pooled, q, [b"confirmed"])
     c = raw(pooled)
     c.channel_open(1)
     c.publish(1, q, b"plain")
@@ -84,12 +91,7 @@ def test_client_without_confirms_gets_a_plain_channel(pooled):
 def test_no_ack_reaches_a_client_that_did_not_select(pooled):
     q = fresh_queue(VHOST_ONE)
     for _ in range(2):
-        c = raw(pooled)
-        c.channel_open(1)
-        c.confirm_select(1)
-        c.publish(1, q, b"x")
-        confirms(c, 1, 1)
-        c.close()
+        publish_confirmed(pooled, q, [b"x"])
     c = raw(pooled)
     c.channel_open(1)
     for _ in range(5):
