@@ -364,7 +364,8 @@ def _run(proc, port, admin, rules):
             what = rng.choice(["close", "drain", "pause", "disconnect"])
             if what in ("close", "drain"):
                 status, rows = support.admin_request(admin, "GET", "/connections")
-                ids = [r["id"] for r in rows if r.get("vhost") == OP_VHOST] if status == 200 else []
+                ids = [r["id"] for r in rows["rows"] if r.get("vhost") == OP_VHOST] \
+                    if status == 200 else []
                 if not ids:
                     continue
                 status, _ = support.admin_request(
