@@ -351,7 +351,7 @@ static struct pool_conn *pool_pick(struct pool *p)
 	list_for_each_entry (c, &p->conns, node) {
 		if (c->phase != CONN_READY || c->check_only || !pool_conn_room(c))
 			continue;
-		if (best == NULL || c->used - c->nkept_all < best->used - best->nkept_all)
+		if (best == NULL || pool_conn_busy(c) < pool_conn_busy(best))
 			best = c;
 	}
 	return best;

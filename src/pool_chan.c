@@ -51,7 +51,6 @@ static void pool_chan_keep(struct pool_conn *c, uint16_t m)
 	sl->cselected = 0;
 	sl->cbase = 0;
 	c->kept[k][c->nkept[k]++] = m;
-	c->nkept_all++;
 	STATS_INC(&c->pool->home->stats, pool_channels_kept);
 	pool_conn_idle_check(c);
 }
@@ -65,12 +64,16 @@ static void pool_chan_unkeep(struct pool_conn *c, uint16_t m)
 	for (i = 0; i < c->nkept[k]; i++) {
 		if (c->kept[k][i] == m) {
 			c->kept[k][i] = c->kept[k][--c->nkept[k]];
-			ACEMQ_ASSERT(c->nkept_all > 0);
-			c->nkept_all--;
 			return;
 		}
 	}
 	ACEMQ_ASSERT(!"a kept slot is on its stack");
+}
+
+/* The kept slot of kind k (1: confirm mode) to hand out next, or 0. */
+static uint16_t pool_chan_top(const struct pool_conn *c, int k)
+{
+	return c->nkept[k] ? c->kept[k][c->nkept[k] - 1] : 0;
 }
 
 /* Bind kept slot m to client a's channel n. */
@@ -90,12 +93,10 @@ static void pool_chan_bind(struct pool_conn *c, uint16_t m, struct pool_att *a, 
  * caller's to write), or 0 when none is kept. */
 uint16_t pool_chan_take(struct pool_conn *c, struct pool_att *a, uint16_t n)
 {
-	int k = c->nkept[1] ? 1 : 0;
-	uint16_t m;
+	uint16_t m = pool_chan_top(c, 1);
 
-	if (c->nkept[k] == 0)
+	if (m == 0 && (m = pool_chan_top(c, 0)) == 0)
 		return 0;
-	m = c->kept[k][c->nkept[k] - 1];
 	pool_chan_bind(c, m, a, n);
 	c->slots[m].fresh = 1;
 	STATS_INC(&c->pool->home->stats, pool_channels_kept_used);
@@ -113,9 +114,8 @@ uint16_t pool_chan_first(struct pool_conn *c, struct pool_att *a, uint16_t n, in
 	sl->fresh = 0;
 	if (sl->confirm == confirm)
 		return m;
-	if (c->nkept[confirm ? 1 : 0]) {
+	if ((m2 = pool_chan_top(c, confirm)) != 0) {
 		/* One of the kind wanted is kept: swapped for it. */
-		m2 = c->kept[confirm ? 1 : 0][c->nkept[confirm ? 1 : 0] - 1];
 		a->map[n] = 0;
 		pool_chan_keep(c, m);
 		pool_chan_bind(c, m2, a, n);

@@ -55,13 +55,13 @@ static int pool_conn_room_new(const struct pool_conn *c)
 /* Room for a client's channel: a kept one, or a new one. */
 int pool_conn_room(const struct pool_conn *c)
 {
-	return c->nkept_all > 0 || pool_conn_room_new(c);
+	return pool_conn_kept(c) > 0 || pool_conn_room_new(c);
 }
 
 /* No client and no channel but kept ones: c is idle from now. */
 void pool_conn_idle_check(struct pool_conn *c)
 {
-	if (c->natts == 0 && c->used == c->nkept_all && c->idle_since == 0)
+	if (c->natts == 0 && pool_conn_busy(c) == 0 && c->idle_since == 0)
 		c->idle_since = time(NULL);
 }
 
@@ -633,7 +633,7 @@ static void pool_conn_tick(evutil_socket_t fd, short what, void *arg)
 			pool_feed(a);
 		}
 	}
-	if (c->natts == 0 && c->used == c->nkept_all && c->idle_since &&
+	if (c->natts == 0 && pool_conn_busy(c) == 0 && c->idle_since &&
 	    now - c->idle_since >= c->pool->cfg.idle_s)
 		pool_conn_close(c, "idle");
 }

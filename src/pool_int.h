@@ -85,7 +85,7 @@ struct pool_conn {
 	struct pool_slot *slots;
 	unsigned used; /* slots not FREE (the kept ones too: open at the broker) */
 	uint16_t kept[2][POOL_KEPT_MAX]; /* kept slots, plain [0] and in confirm mode [1] */
-	unsigned nkept[2], nkept_all;
+	unsigned nkept[2];
 	uint16_t hint; /* where to look for a free slot */
 	struct list atts;
 	unsigned natts;
@@ -195,6 +195,17 @@ struct pool {
 	uint8_t hash[POOL_HASH_LEN]; /* of the password the broker last accepted */
 	time_t trusted_until;
 };
+
+/* Channels kept for the next client, and the channels clients use. */
+static inline unsigned pool_conn_kept(const struct pool_conn *c)
+{
+	return c->nkept[0] + c->nkept[1];
+}
+
+static inline unsigned pool_conn_busy(const struct pool_conn *c)
+{
+	return c->used - pool_conn_kept(c);
+}
 
 /* pool.c */
 void pool_show_start(struct pool_att *a, const struct pool_conn *c);

@@ -588,9 +588,8 @@ void pool_mux_leave(struct pool_att *a, int wait)
 		}
 		if (m0 && c->slots[m0].att == NULL)
 			pool_mux_orphan(a, c, (uint16_t)m0, wait);
-		else if (m0)
-			c->slots[m0].dirty =
-			    1; /* closed, so the close-ok waits for the deletes */
+		else if (m0) /* closed, so the close-ok waits for the deletes */
+			c->slots[m0].dirty = 1;
 	}
 	for (n = 0; n < a->nmap; n++)
 		if (a->map[n] && !pool_chan_retire(c, a->map[n], 0))
