@@ -15,7 +15,7 @@
 struct ratelimit_bucket {
 	double tokens; /* may go below 0: a debt paid by waiting */
 	int64_t at_ms; /* last refill (monotonic) */
-	int episode;   /* over the rate, logged (alarm mode) */
+	int episode;   /* over the rate, logged (alarm mode) until full again */
 	int primed;    /* filled at its first take */
 };
 
@@ -72,14 +72,17 @@ static void ratelimit_take(struct ratelimit_bucket *b, double rate, double n, in
 
 /* Charge n to a bucket of rate a second: the debt left (0: none). In alarm
  * mode there is never a debt: an excess is counted (over) and its episode
- * logged when it starts. */
+ * logged when it starts. An episode ends only when the bucket was full
+ * before a take (a second's worth unused): a burst that dips below the rate
+ * between two of its messages is still one episode, logged once. */
 static double ratelimit_charge(struct ratelimit_vhost *v, struct ratelimit_bucket *b,
 			       const char *what, long rate, double n, int alarm,
 			       enum vstats_counter over, int64_t now)
 {
 	ratelimit_take(b, (double)rate, n, now);
 	if (b->tokens >= 0) {
-		b->episode = 0;
+		if (b->tokens + n >= (double)rate)
+			b->episode = 0;
 		return 0;
 	}
 	if (!alarm)
