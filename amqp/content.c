@@ -66,6 +66,93 @@ int content_header_write(struct evbuffer *out, uint16_t channel, uint16_t class_
 	return evbuffer_add(out, p, FRAME_OVERHEAD + size);
 }
 
+#define CONTENT_FLAG_CONTENT_TYPE     0x8000u
+#define CONTENT_FLAG_CONTENT_ENCODING 0x4000u
+#define CONTENT_FLAG_HEADERS          0x2000u
+#define CONTENT_FLAG_CONTINUED        0x0001u
+
+static uint32_t content_be32(const uint8_t *p)
+{
+	return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+static void content_put_be32(uint8_t *p, uint32_t v)
+{
+	p[0] = (uint8_t)(v >> 24);
+	p[1] = (uint8_t)(v >> 16);
+	p[2] = (uint8_t)(v >> 8);
+	p[3] = (uint8_t)v;
+}
+
+/* Skip a short string at *pos of a payload of len bytes. */
+static int content_skip_shortstr(const uint8_t *payload, size_t len, size_t *pos)
+{
+	if (*pos >= len || len - *pos - 1 < payload[*pos])
+		return -1;
+	*pos += 1u + payload[*pos];
+	return 0;
+}
+
+int content_header_append_headers(struct evbuffer *out, const uint8_t *frame, size_t len,
+				  const uint8_t *entries, size_t elen, size_t max_frame)
+{
+	const uint8_t *payload = frame + FRAME_HEADER_SIZE;
+	size_t plen, pos = CONTENT_HEADER_FIXED + 2, table_end, added;
+	uint32_t table_len = 0;
+	uint16_t flags;
+	uint8_t head[FRAME_HEADER_SIZE + CONTENT_HEADER_FIXED + 2], prefix[4];
+	const uint8_t end = FRAME_END;
+	int had_table;
+
+	if (len < FRAME_OVERHEAD + CONTENT_HEADER_FIXED + 2 || frame[0] != FRAME_HEADER ||
+	    frame[len - 1] != FRAME_END || content_be32(frame + 3) != len - FRAME_OVERHEAD)
+		return -1;
+	plen = len - FRAME_OVERHEAD;
+	flags =
+	    (uint16_t)(payload[CONTENT_HEADER_FIXED] << 8 | payload[CONTENT_HEADER_FIXED + 1]);
+	if (flags & CONTENT_FLAG_CONTINUED)
+		return -1;
+	if ((flags & CONTENT_FLAG_CONTENT_TYPE) &&
+	    content_skip_shortstr(payload, plen, &pos) != 0)
+		return -1;
+	if ((flags & CONTENT_FLAG_CONTENT_ENCODING) &&
+	    content_skip_shortstr(payload, plen, &pos) != 0)
+		return -1;
+	/* pos: where the headers table is, or would be. */
+	had_table = (flags & CONTENT_FLAG_HEADERS) != 0;
+	if (had_table) {
+		if (plen - pos < 4)
+			return -1;
+		table_len = content_be32(payload + pos);
+		if (plen - pos - 4 < table_len)
+			return -1;
+		table_end = pos + 4 + table_len;
+	} else {
+		table_end = pos;
+	}
+	added = elen + (had_table ? 0 : 4);
+	if (elen > UINT32_MAX - table_len || len > max_frame || max_frame - len < added)
+		return -1;
+	memcpy(head, frame, sizeof(head));
+	content_put_be32(head + 3, (uint32_t)(plen + added));
+	flags |= CONTENT_FLAG_HEADERS;
+	head[FRAME_HEADER_SIZE + CONTENT_HEADER_FIXED] = (uint8_t)(flags >> 8);
+	head[FRAME_HEADER_SIZE + CONTENT_HEADER_FIXED + 1] = (uint8_t)flags;
+	content_put_be32(prefix, table_len + (uint32_t)elen);
+	/* The frame's header and flags, what precedes the table, the table's
+	 * new length and its old entries, the new entries, the rest. */
+	if (evbuffer_add(out, head, sizeof(head)) != 0 ||
+	    evbuffer_add(out, payload + CONTENT_HEADER_FIXED + 2,
+			 pos - (CONTENT_HEADER_FIXED + 2)) != 0 ||
+	    evbuffer_add(out, prefix, sizeof(prefix)) != 0 ||
+	    (had_table && evbuffer_add(out, payload + pos + 4, table_len) != 0) ||
+	    evbuffer_add(out, entries, elen) != 0 ||
+	    evbuffer_add(out, payload + table_end, plen - table_end) != 0 ||
+	    evbuffer_add(out, &end, 1) != 0)
+		return -1;
+	return 0;
+}
+
 int content_body_write(struct evbuffer *out, uint16_t channel, struct evbuffer *body,
 		       uint32_t frame_max)
 {

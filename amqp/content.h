@@ -22,6 +22,17 @@ int content_props_decode(const uint8_t *payload, size_t len, amqp_pool_t *pool,
 int content_header_write(struct evbuffer *out, uint16_t channel, uint16_t class_id,
 			 uint64_t body_size, amqp_basic_properties_t *props);
 
+/* Append encoded table entries (entries, elen bytes: each a key and a
+ * typed value, no length prefix) to the headers table of an encoded basic
+ * content header frame (frame, len: the whole frame), making the table if
+ * the frame has none, and write the frame so edited to out. Everything
+ * else stays byte for byte. 0; -1 when this frame cannot be edited so (a
+ * malformed one, property flags continued, the edited frame past
+ * max_frame): nothing was written (out of memory: -1, out is left as the
+ * caller's error path finds it). */
+int content_header_append_headers(struct evbuffer *out, const uint8_t *frame, size_t len,
+				  const uint8_t *entries, size_t elen, size_t max_frame);
+
 /* Move body bytes from body into out as body frames of at most frame_max
  * bytes each (frame_max 0 means no limit beyond the codec's). */
 int content_body_write(struct evbuffer *out, uint16_t channel, struct evbuffer *body,

@@ -52,6 +52,7 @@ struct bench_opts {
 	const char *exchange, *routing_key; /* publish there instead of the queue */
 	const char *cacert;                 /* TLS: the CA the server is verified against */
 	const char *id_header;              /* each publish carries a unique value in it */
+	const char *reply_to;               /* each publish carries this reply-to */
 	int persistent;                     /* delivery_mode 2 on a durable queue */
 	const char *queue_type;             /* x-queue-type of the queue (NULL: the broker's) */
 	int window;
@@ -585,7 +586,7 @@ static void bench_publish_loop(struct bench_worker *w, uint64_t start, uint64_t 
 		if (stamp)
 			memcpy(body.bytes, &now, sizeof(now));
 		if (bench_opts.message_ids || bench_opts.delay_ms > 0 || bench_opts.id_header ||
-		    bench_opts.persistent) {
+		    bench_opts.persistent || bench_opts.reply_to) {
 			char id[48];
 			amqp_basic_properties_t props;
 			amqp_table_entry_t hdr[2];
@@ -598,6 +599,10 @@ static void bench_publish_loop(struct bench_worker *w, uint64_t start, uint64_t 
 			if (bench_opts.persistent) {
 				props._flags |= AMQP_BASIC_DELIVERY_MODE_FLAG;
 				props.delivery_mode = 2;
+			}
+			if (bench_opts.reply_to) {
+				props._flags |= AMQP_BASIC_REPLY_TO_FLAG;
+				props.reply_to = amqp_cstring_bytes(bench_opts.reply_to);
 			}
 			if (bench_opts.message_ids) {
 				props._flags |= AMQP_BASIC_MESSAGE_ID_FLAG;
@@ -1276,6 +1281,7 @@ static void bench_usage(FILE *out)
 	    "      --routing-key KEY    with this routing key (default: the queue)\n"
 	    "      --tls-ca FILE        connect with TLS, the server verified against FILE\n"
 	    "      --id-header NAME     give each publish a unique value in header NAME\n"
+	    "      --reply-to NAME      give each publish the reply-to property NAME\n"
 	    "  -a, --auto-ack           consumers use auto-ack (default: manual acks)\n"
 	    "      --ack-every N        ack every Nth delivery with multiple=true (default 1)\n"
 	    "  -q, --prefetch N         basic.qos prefetch count, 0 unlimited (default 100)\n"
@@ -1389,6 +1395,7 @@ enum {
 	BENCH_OPT_ROUTING_KEY,
 	BENCH_OPT_TLS_CA,
 	BENCH_OPT_ID_HEADER,
+	BENCH_OPT_REPLY_TO,
 	BENCH_OPT_PERSISTENT,
 	BENCH_OPT_QUEUE_TYPE,
 };
@@ -1413,6 +1420,7 @@ static const struct option bench_long_opts[] = {
     {"routing-key", required_argument, NULL, BENCH_OPT_ROUTING_KEY},
     {"tls-ca", required_argument, NULL, BENCH_OPT_TLS_CA},
     {"id-header", required_argument, NULL, BENCH_OPT_ID_HEADER},
+    {"reply-to", required_argument, NULL, BENCH_OPT_REPLY_TO},
     {"auto-ack", no_argument, NULL, 'a'},
     {"ack-every", required_argument, NULL, BENCH_OPT_ACK_EVERY},
     {"prefetch", required_argument, NULL, 'q'},
@@ -1500,6 +1508,9 @@ static int bench_parse_args(int argc, char **argv)
 			break;
 		case BENCH_OPT_ID_HEADER:
 			bench_opts.id_header = optarg;
+			break;
+		case BENCH_OPT_REPLY_TO:
+			bench_opts.reply_to = optarg;
 			break;
 		case 'a':
 			bench_opts.auto_ack = 1;

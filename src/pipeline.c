@@ -310,6 +310,9 @@ int pipeline_collect(struct pipeline *p, struct channel *ch, struct pipe_msg *m,
 		if (content_props_decode(frame, frame_len - FRAME_OVERHEAD, &m->pool,
 					 &m->props) != 0)
 			return PIPE_COLLECT_FAILED;
+		m->headers_at_decode = (m->props->_flags & AMQP_BASIC_HEADERS_FLAG)
+					   ? m->props->headers.num_entries
+					   : -1;
 		if (pipeline_header_want(p, ch, m) == 0)
 			return PIPE_COLLECT_RELEASE;
 		pipeline_stream_offer(p, ch, m);
@@ -323,6 +326,36 @@ int pipeline_collect(struct pipeline *p, struct channel *ch, struct pipe_msg *m,
 								     : PIPE_COLLECT_FAILED;
 		return PIPE_COLLECT_OK;
 	}
+}
+
+void pipeline_headers_appended(struct pipe_msg *m)
+{
+	m->props_appended = 1;
+}
+
+/* The header frame at the front of raw, with the headers a hook appended
+ * spliced into its table: 0, or -1 when it must be encoded whole. */
+static int pipeline_emit_appended(struct pipeline *p, struct pipe_msg *m, struct evbuffer *out)
+{
+	const amqp_table_t *h = &m->props->headers;
+	int from = m->headers_at_decode < 0 ? 0 : m->headers_at_decode;
+	uint8_t enc[4096];
+	amqp_table_t added;
+	size_t off = 0;
+	const uint8_t *frame;
+
+	if (!(m->props->_flags & AMQP_BASIC_HEADERS_FLAG) || h->num_entries < from)
+		return -1;
+	added.num_entries = h->num_entries - from;
+	added.entries = h->entries + from;
+	if (amqp_encode_table((amqp_bytes_t){sizeof(enc), enc}, &added, &off) != 0 || off < 4)
+		return -1;
+	if ((frame = evbuffer_pullup(m->raw, (ev_ssize_t)m->raw_header_len)) == NULL ||
+	    content_header_append_headers(out, frame, m->raw_header_len, enc + 4, off - 4,
+					  p->frame_max ? p->frame_max : 131072u) != 0)
+		return -1;
+	evbuffer_drain(m->raw, m->raw_header_len);
+	return 0;
 }
 
 /* Write a message out, re-encoding only the parts a hook changed. */
@@ -341,7 +374,10 @@ static int pipeline_emit(struct pipeline *p, struct pipe_msg *m, struct evbuffer
 	}
 	if (m->body_dirty)
 		size = m->body ? evbuffer_get_length(m->body) : 0;
-	if (m->props_dirty || m->body_dirty) {
+	if (m->props_appended && !m->props_dirty && !m->body_dirty &&
+	    pipeline_emit_appended(p, m, out) == 0) {
+		/* spliced */
+	} else if (m->props_dirty || m->body_dirty || m->props_appended) {
 		evbuffer_drain(raw, m->raw_header_len);
 		rc |= content_header_write(out, m->channel, AMQP_BASIC_CLASS, size, m->props);
 	} else {

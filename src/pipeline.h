@@ -89,6 +89,11 @@ struct pipe_msg {
 	int streamer;        /* index of the hook taking the body as a stream, or -1 */
 	uint64_t started_us; /* monotonic: its first frame was read */
 	unsigned method_dirty : 1, props_dirty : 1, body_dirty : 1;
+	/* props differ from the frame only by headers appended after the
+	 * headers_at_decode entries it had (-1: no table): the frame is
+	 * spliced instead of re-encoded (see pipeline_headers_appended). */
+	unsigned props_appended : 1;
+	int headers_at_decode;
 };
 
 struct pipe_hook {
@@ -251,6 +256,11 @@ int pipeline_ack(struct pipeline *p, struct channel *ch, struct pipe_msg *m);
 /* The message's body (whole, as the publisher or broker sent it) in a new
  * malloc'd copy; 0 or -1. */
 int pipeline_body_copy(const struct pipe_msg *m, amqp_bytes_t *out);
+/* A hook's only change to m->props was appending entries to its headers
+ * table (made if it had none): the header frame is then edited in place,
+ * the appended entries encoded alone, instead of encoding every property
+ * again. Any other change sets props_dirty, which wins. */
+void pipeline_headers_appended(struct pipe_msg *m);
 
 /* Which hooks want a message: each hook's answer in per_hook, which has
  * PIPELINE_MAX_HOOKS slots, every one written (0 past the attached

@@ -134,14 +134,20 @@ static int reply_to_wants(void *state, struct pipeline *p, struct channel *ch,
 static enum pipe_verdict reply_to_message(void *state, struct pipeline *p, struct channel *ch,
 					  struct pipe_msg *m)
 {
-	int rc;
+	int rc, had;
 
 	if (m->props == NULL || !reply_to_enabled(p))
 		return PIPE_PASS;
+	had = (m->props->_flags & AMQP_BASIC_HEADERS_FLAG) ? m->props->headers.num_entries : 0;
 	rc = reply_to_normalise(m->props, &m->pool, m->kind == PIPE_PUBLISH);
 	if (rc <= 0)
 		return PIPE_PASS;
-	m->props_dirty = 1;
+	/* The usual change, the header added beside the property, is an
+	 * entry appended: spliced into the frame as it is. */
+	if (rc == REPLY_TO_HEADER_ADDED && m->props->headers.num_entries == had + 1)
+		pipeline_headers_appended(m);
+	else
+		m->props_dirty = 1;
 	if (rc & REPLY_TO_HEADER_ADDED)
 		STATS_INC(&p->w->stats, reply_to_header_added);
 	if (rc & REPLY_TO_PROPERTY_SET)

@@ -9,6 +9,7 @@
 
 #include <check.h>
 #include <event2/buffer.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -216,6 +217,120 @@ END_TEST
 
 /* A header read as an identity: strings as they are, integers of every
  * width in decimal, anything else none. */
+/* Decode frame (in b), append entries with table_set_string, and check
+ * that splicing them in gives the same bytes as encoding every property. */
+static void splice_matches_encode(struct evbuffer *b, int nadd)
+{
+	amqp_basic_properties_t *back;
+	struct evbuffer *spliced = evbuffer_new(), *encoded = evbuffer_new();
+	size_t len = evbuffer_get_length(b), off = 0;
+	unsigned char *raw = evbuffer_pullup(b, -1);
+	uint8_t enc[1024];
+	amqp_table_t added;
+	int from, i;
+
+	ck_assert_int_eq(
+	    content_props_decode(raw + FRAME_HEADER_SIZE, len - FRAME_OVERHEAD, &pool, &back),
+	    0);
+	from = (back->_flags & AMQP_BASIC_HEADERS_FLAG) ? back->headers.num_entries : 0;
+	if (!(back->_flags & AMQP_BASIC_HEADERS_FLAG)) {
+		back->headers.num_entries = 0;
+		back->_flags |= AMQP_BASIC_HEADERS_FLAG;
+	}
+	for (i = 0; i < nadd; i++) {
+		char key[16];
+
+		snprintf(key, sizeof(key), "added-%d", i);
+		ck_assert_int_eq(table_set_string(&back->headers, &pool, key,
+						  amqp_cstring_bytes("amq.gen-reply")),
+				 0);
+	}
+	added.num_entries = back->headers.num_entries - from;
+	added.entries = back->headers.entries + from;
+	ck_assert_int_eq(amqp_encode_table((amqp_bytes_t){sizeof(enc), enc}, &added, &off), 0);
+	ck_assert_int_eq(
+	    content_header_append_headers(spliced, raw, len, enc + 4, off - 4, 131072), 0);
+	ck_assert_int_eq(content_header_write(encoded, 5, AMQP_BASIC_CLASS, 1 << 20, back), 0);
+	ck_assert_uint_eq(evbuffer_get_length(spliced), evbuffer_get_length(encoded));
+	ck_assert(memcmp(evbuffer_pullup(spliced, -1), evbuffer_pullup(encoded, -1),
+			 evbuffer_get_length(encoded)) == 0);
+	evbuffer_free(spliced);
+	evbuffer_free(encoded);
+}
+
+START_TEST(headers_spliced_as_encoded)
+{
+	amqp_basic_properties_t p;
+	struct evbuffer *b;
+	int shape;
+
+	/* No properties; a content type only; both short strings and no
+	 * table; every property with a table of four. */
+	for (shape = 0; shape < 4; shape++) {
+		memset(&p, 0, sizeof(p));
+		if (shape == 3) {
+			all_props(&p);
+		} else if (shape >= 1) {
+			p._flags = AMQP_BASIC_CONTENT_TYPE_FLAG | AMQP_BASIC_REPLY_TO_FLAG;
+			p.content_type = amqp_cstring_bytes("text/plain");
+			p.reply_to = amqp_cstring_bytes("replies");
+			if (shape == 2) {
+				p._flags |= AMQP_BASIC_CONTENT_ENCODING_FLAG;
+				p.content_encoding = amqp_cstring_bytes("");
+			}
+		}
+		b = evbuffer_new();
+		ck_assert_int_eq(content_header_write(b, 5, AMQP_BASIC_CLASS, 1 << 20, &p), 0);
+		splice_matches_encode(b, 1);
+		splice_matches_encode(b, 2);
+		evbuffer_free(b);
+	}
+}
+END_TEST
+
+START_TEST(headers_splice_refuses_what_it_cannot_edit)
+{
+	amqp_basic_properties_t p;
+	struct evbuffer *b = evbuffer_new(), *out = evbuffer_new();
+	const uint8_t entry[] = {1, 'k', 'S', 0, 0, 0, 1, 'v'};
+	uint8_t frame[256];
+	size_t len;
+
+	memset(&p, 0, sizeof(p));
+	p._flags = AMQP_BASIC_CONTENT_TYPE_FLAG | AMQP_BASIC_HEADERS_FLAG;
+	p.content_type = amqp_cstring_bytes("text/plain");
+	ck_assert_int_eq(content_header_write(b, 5, AMQP_BASIC_CLASS, 10, &p), 0);
+	len = evbuffer_get_length(b);
+	ck_assert_uint_le(len, sizeof(frame));
+	evbuffer_copyout(b, frame, len);
+	/* As it is: edited, and one entry longer. */
+	ck_assert_int_eq(
+	    content_header_append_headers(out, frame, len, entry, sizeof(entry), 4096), 0);
+	ck_assert_uint_eq(evbuffer_get_length(out), len + sizeof(entry));
+	evbuffer_drain(out, evbuffer_get_length(out));
+	/* Past max_frame. */
+	ck_assert_int_eq(
+	    content_header_append_headers(out, frame, len, entry, sizeof(entry), len + 7), -1);
+	/* Truncated: the frame's size no longer agrees, or its end octet. */
+	ck_assert_int_eq(content_header_append_headers(out, frame, len - 1, entry, 8, 4096),
+			 -1);
+	/* The content type's length runs past the frame. */
+	frame[FRAME_HEADER_SIZE + CONTENT_HEADER_FIXED + 2] = 250;
+	ck_assert_int_eq(content_header_append_headers(out, frame, len, entry, 8, 4096), -1);
+	frame[FRAME_HEADER_SIZE + CONTENT_HEADER_FIXED + 2] = 10;
+	/* The table's length runs past the frame. */
+	frame[FRAME_HEADER_SIZE + CONTENT_HEADER_FIXED + 2 + 11] = 0x7f;
+	ck_assert_int_eq(content_header_append_headers(out, frame, len, entry, 8, 4096), -1);
+	frame[FRAME_HEADER_SIZE + CONTENT_HEADER_FIXED + 2 + 11] = 0;
+	/* Property flags continued into a second word. */
+	frame[FRAME_HEADER_SIZE + CONTENT_HEADER_FIXED + 1] |= 1;
+	ck_assert_int_eq(content_header_append_headers(out, frame, len, entry, 8, 4096), -1);
+	ck_assert_uint_eq(evbuffer_get_length(out), 0);
+	evbuffer_free(b);
+	evbuffer_free(out);
+}
+END_TEST
+
 START_TEST(table_text_of_each_kind)
 {
 	amqp_table_entry_t e[4];
@@ -257,6 +372,8 @@ int main(void)
 	tcase_add_test(tc, truncated_method_refused);
 	tcase_add_test(tc, props_round_trip);
 	tcase_add_test(tc, body_reframed_at_frame_max);
+	tcase_add_test(tc, headers_spliced_as_encoded);
+	tcase_add_test(tc, headers_splice_refuses_what_it_cannot_edit);
 	tcase_add_test(tc, table_text_of_each_kind);
 	return unit_run("codec", tc, 1);
 }

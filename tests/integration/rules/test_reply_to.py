@@ -96,6 +96,44 @@ def test_untouched_messages_identical(reply_proxy):
     assert bodies[0] == bodies[1]
 
 
+def test_header_added_keeps_every_other_property_and_the_body(reply_proxy):
+    """The header is spliced into the frame as it came: every other property,
+    a table the frame had or none, and a body of several frames stay as
+    sent; only the new entry is added, last."""
+    body = bytes(range(256)) * 1200  # past one frame
+    shapes = [
+        dict(content_type="application/json", content_encoding="gzip", delivery_mode=2,
+             priority=4, correlation_id="c-1", reply_to="answers.q", expiration="600000",
+             message_id="m-1", timestamp=1700000000, type="order", user_id="guest",
+             app_id="app"),
+        dict(content_type="text/plain", reply_to="r2"),
+        dict(reply_to="r3", headers={"a": 1, "b": "two", "c": {"d": [1, 2]}}),
+        dict(reply_to="x" * 255, headers={}),
+    ]
+    before = reply_proxy.stats()["reply_to_header_added"]
+    c = conn(reply_proxy.port)
+    ch = c.channel()
+    q = temp_queue(ch)
+    try:
+        for shape in shapes:
+            ch.basic_publish("", q, body, pika.BasicProperties(**shape))
+            p, b = get_direct(q)
+            assert b == body
+            want = dict(shape)
+            want_headers = dict(want.pop("headers", None) or {})
+            want_headers[HEADER] = shape["reply_to"]
+            for k, v in want.items():
+                assert getattr(p, k) == v, (k, getattr(p, k), v)
+            got = {k: (v.decode() if isinstance(v, bytes) else v)
+                   for k, v in p.headers.items()}
+            assert list(got)[-1] == HEADER
+            assert got == want_headers, got
+        assert reply_proxy.stats()["reply_to_header_added"] == before + len(shapes)
+    finally:
+        ch.queue_delete(q)
+        c.close()
+
+
 def test_delivery_side_normalised_for_direct_publishers(reply_proxy):
     """Published straight to the broker, consumed through the proxy."""
     d = direct()
