@@ -93,6 +93,87 @@ static int content_skip_shortstr(const uint8_t *payload, size_t len, size_t *pos
 	return 0;
 }
 
+#define CONTENT_TABLE_DEPTH 16
+
+static int content_value_valid(const uint8_t *p, size_t len, size_t *pos, int depth);
+
+/* Whether p holds exactly a sequence of table entries (array ones have no
+ * key): each read inside len, nothing left over. A table whose last entry
+ * runs past its length is one a lenient decoder reads differently once
+ * bytes follow it, so only an exact one is spliced. */
+static int content_entries_valid(const uint8_t *p, size_t len, int keyed, int depth)
+{
+	size_t pos = 0;
+
+	if (depth > CONTENT_TABLE_DEPTH)
+		return 0;
+	while (pos < len) {
+		if (keyed && content_skip_shortstr(p, len, &pos) != 0)
+			return 0;
+		if (!content_value_valid(p, len, &pos, depth))
+			return 0;
+	}
+	return 1;
+}
+
+static int content_value_valid(const uint8_t *p, size_t len, size_t *pos, int depth)
+{
+	size_t n;
+	uint8_t kind;
+
+	if (*pos >= len)
+		return 0;
+	kind = p[(*pos)++];
+	switch (kind) {
+	case 't':
+	case 'b':
+	case 'B':
+		n = 1;
+		break;
+	case 's':
+	case 'u':
+		n = 2;
+		break;
+	case 'I':
+	case 'i':
+	case 'f':
+		n = 4;
+		break;
+	case 'D':
+		n = 5;
+		break;
+	case 'l':
+	case 'L':
+	case 'd':
+	case 'T':
+		n = 8;
+		break;
+	case 'V':
+		n = 0;
+		break;
+	case 'S':
+	case 'x':
+	case 'F':
+	case 'A':
+		if (len - *pos < 4)
+			return 0;
+		n = content_be32(p + *pos);
+		*pos += 4;
+		if (len - *pos < n)
+			return 0;
+		if ((kind == 'F' || kind == 'A') &&
+		    !content_entries_valid(p + *pos, n, kind == 'F', depth + 1))
+			return 0;
+		break;
+	default:
+		return 0;
+	}
+	if (len - *pos < n)
+		return 0;
+	*pos += n;
+	return 1;
+}
+
 int content_header_append_headers(struct evbuffer *out, const uint8_t *frame, size_t len,
 				  const uint8_t *entries, size_t elen, size_t max_frame)
 {
@@ -127,6 +208,8 @@ int content_header_append_headers(struct evbuffer *out, const uint8_t *frame, si
 		if (plen - pos - 4 < table_len)
 			return -1;
 		table_end = pos + 4 + table_len;
+		if (!content_entries_valid(payload + pos + 4, table_len, 1, 0))
+			return -1;
 	} else {
 		table_end = pos;
 	}
