@@ -4,8 +4,10 @@
  * reloads. Both legs are socketpairs run by a real worker's event loop with
  * the real session, channel, pipeline and transport code, the reply_to,
  * claim_check (a filesystem store; store jobs run inline and complete
- * later on the loop), idempotency and dedup_publish patterns (a state
- * layer of their own) and the test hook attached. A scripted broker answers the
+ * later on the loop), idempotency, dedup_publish and schedule patterns
+ * (keys, windows and delayed records in a state layer of their own; the
+ * records of delayed publishes looked ahead at) and the test hook
+ * attached. A scripted broker answers the
  * handshake so inputs reach OPEN and the pipeline quickly.
  *
  * Invariants checked beyond ASan/UBSan: once both peers have gone and the
@@ -25,6 +27,7 @@
 #include "src/pool.h"
 #include "src/rules.h"
 #include "src/session.h"
+#include "src/store/delayed.h"
 #include "src/store/state.h"
 #include "src/transport.h"
 #include "src/upstream.h"
@@ -233,6 +236,8 @@ static void fuzz_init(void)
 			abort();
 		idempotency_init(st);
 		dedup_publish_init(st);
+		/* Delayed publishes recorded there too (and looked ahead at). */
+		delayed_init(st, 86400000);
 	}
 	fz.rules[1] = fuzz_rules(NULL);
 	/* Brokers of the vhost's own: the proxy greets clients itself. */

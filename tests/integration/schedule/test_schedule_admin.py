@@ -12,6 +12,7 @@ import urllib.parse
 import pika
 import pytest
 
+import amqp_wire as wire
 import support
 from conftest import Proxy, check_stopped
 
@@ -164,6 +165,85 @@ def test_hundred_listed_in_due_order_ten_cancelled_never_arrive(ops):
     # Delivered and dropped ones' records go.
     assert support.wait_until(lambda: pending_for(ops, q) == [], 10)
     assert support.wait_until(lambda: listing(ops)["cancelled"] == 0, 10)
+
+
+def state_counts(p):
+    status, stats = request(p.admin_port, "GET", "/stats")
+    assert status == 200, stats
+    return stats["state_commits"], stats["state_writes"]
+
+
+def burst(q, n, delay_of):
+    """n publishes to q in one write; delay_of(i): the x-delay, or None."""
+    out = []
+    for i in range(n):
+        d = delay_of(i)
+        props = {"message_id": "b-%d" % i, "headers": {} if d is None else {"x-delay": d}}
+        out.append(wire.publish_frames(1, q, b"burst-%d" % i, 131072, props))
+    return b"".join(out)
+
+
+def test_burst_of_delayed_publishes_shares_commits(ops):
+    """Publishes sent together are recorded together: while the first waits
+    for its record, the delayed ones behind it are looked ahead at and
+    their records written in the same commits. Publishes without a delay,
+    with a zero delay, between them change nothing: every delayed one is
+    listed once, with its own target, and arrives."""
+    q = fresh_queue("burst")
+    n = 300
+
+    def delay_of(i):
+        if i % 7 == 3:
+            return None  # no header: not held at all
+        if i % 11 == 5:
+            return 0  # delivered at once, header dropped
+        return 3000 + i
+
+    delayed = {"b-%d" % i for i in range(n) if delay_of(i)}
+    commits0, writes0 = state_counts(ops)
+    c = wire.RawClient(ops.port).handshake(vhost=VHOST)
+    try:
+        c.channel_open(1)
+        c.confirm_select(1)
+        c.send(burst(q, n, delay_of))
+        acked, nacked, _ = wire.collect_confirms(c, 1, n, 30)
+        assert len(acked) == n and not nacked
+    finally:
+        c.close_socket()
+    mine = pending_for(ops, q)
+    assert sorted(e["message_id"] for e in mine) == sorted(delayed)
+    assert len({e["id"] for e in mine}) == len(delayed)
+    assert all(e["exchange"] == "" and e["routing_key"] == q for e in mine)
+    commits, writes = state_counts(ops)
+    # One record a publish, several a commit (one a commit without the
+    # look-ahead).
+    assert writes - writes0 >= len(delayed)
+    assert commits - commits0 <= len(delayed) / 3, (commits - commits0, len(delayed))
+    got = drain(q, n, 30)
+    assert sorted(p.message_id for p, _ in got) == sorted("b-%d" % i for i in range(n))
+    for p, body in got:
+        assert body == b"burst-" + p.message_id[2:].encode()
+        assert "x-schedule-id" not in (p.headers or {}) and "x-delay" not in (p.headers or {})
+    assert support.wait_until(lambda: pending_for(ops, q) == [], 10)
+
+
+def test_client_gone_mid_burst_leaves_no_record_without_its_message(ops):
+    """A client that sends a burst of delayed publishes and vanishes: the
+    records written ahead for publishes never forwarded go, so every record
+    left is one whose message is in the ladder, and each arrives."""
+    q = fresh_queue("gone")
+    for attempt in range(3):
+        c = wire.RawClient(ops.port).handshake(vhost=VHOST)
+        c.channel_open(1)
+        c.send(burst(q, 200, lambda i: 2000))
+        c.close_socket()
+    time.sleep(1)
+    listed = {e["message_id"] for e in pending_for(ops, q)}
+    got = drain(q, len(listed), 15)
+    time.sleep(1)
+    got += drain(q, 600, 0.5)
+    assert len(got) == len(listed), (len(got), len(listed))
+    assert support.wait_until(lambda: pending_for(ops, q) == [], 10)
 
 
 def test_cancel_by_target(ops):
