@@ -14,6 +14,7 @@
 #include <event2/listener.h>
 #include <fcntl.h>
 #include <netdb.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -56,11 +57,19 @@ static void listener_starving(int err)
 
 enum listener_shed_result listener_shed(int lfd, int err)
 {
+	struct pollfd pfd = {.fd = lfd, .events = POLLIN};
 	int fd, e;
 
 	if (err != EMFILE && err != ENFILE)
 		return LISTENER_SHED_OTHER;
 	listener_starving(err);
+	/* Linux takes the new descriptor before it looks at the queue: at
+	 * the limit, the accept that finds no client waiting fails with
+	 * EMFILE too. The spare is given up only for a client that is
+	 * there: in the moment it is closed a worker may take its number
+	 * (a broker socket), and then no client could be shed at all. */
+	if (poll(&pfd, 1, 0) == 0)
+		return LISTENER_SHED_NONE;
 	if (listener_spare < 0) {
 		listener_spare_take();
 		return LISTENER_SHED_PAUSE;
