@@ -238,7 +238,7 @@ static void splice_matches_encode(struct evbuffer *b, int nadd)
 		back->_flags |= AMQP_BASIC_HEADERS_FLAG;
 	}
 	for (i = 0; i < nadd; i++) {
-		char key[16];
+		char key[32];
 
 		snprintf(key, sizeof(key), "added-%d", i);
 		ck_assert_int_eq(table_set_string(&back->headers, &pool, key,
