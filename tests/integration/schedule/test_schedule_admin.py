@@ -230,20 +230,21 @@ def test_burst_of_delayed_publishes_shares_commits(ops):
 def test_client_gone_mid_burst_leaves_no_record_without_its_message(ops):
     """A client that sends a burst of delayed publishes and vanishes: the
     records written ahead for publishes never forwarded go, so every record
-    left is one whose message is in the ladder, and each arrives."""
+    left is one whose message is in the ladder: once those have arrived,
+    none is left."""
     q = fresh_queue("gone")
     for attempt in range(3):
         c = wire.RawClient(ops.port).handshake(vhost=VHOST)
         c.channel_open(1)
         c.send(burst(q, 200, lambda i: 2000))
         c.close_socket()
-    time.sleep(1)
-    listed = {e["message_id"] for e in pending_for(ops, q)}
-    got = drain(q, len(listed), 15)
-    time.sleep(1)
-    got += drain(q, 600, 0.5)
-    assert len(got) == len(listed), (len(got), len(listed))
-    assert support.wait_until(lambda: pending_for(ops, q) == [], 10)
+    # What arrives is delivered by the scheduler, which removes its record;
+    # a record whose message never reached the ladder would stay listed
+    # (for a day, until the janitor).
+    # (Under a sanitizer the clients may vanish before any publish went.)
+    got = drain(q, 600, 8)
+    assert support.wait_until(lambda: pending_for(ops, q) == [], 15), \
+        (len(got), len(pending_for(ops, q)))
 
 
 def test_cancel_by_target(ops):
