@@ -1,11 +1,13 @@
-/* pool: the pools, one per (vhost, user) of a pooled vhost, each kept on
- * a home worker (the worker of its first client) that owns its broker
- * connections; a client on any worker reaches it through a pool_xfer
- * (two buffers, two posted calls). Here: the registry, a client attaching
- * (shown a broker's connection.start), its credentials trusted from a
- * salted hash of the password the broker last accepted (never the
- * password) or checked by a broker connection opened with them, bound to
- * the least loaded connection, or waiting while every one is full. */
+/* pool: the pools of a pooled vhost, one per (vhost, user) and worker,
+ * each kept on its home worker, which owns its broker connections; the
+ * pools of one (vhost, user) share its bound, and a client whose worker
+ * has no pool and no room under the bound for one uses another worker's,
+ * reached through a pool_xfer (two buffers, two posted calls). Here: the
+ * registry, a client attaching (shown a broker's connection.start), its
+ * credentials trusted from a salted hash of the password the broker last
+ * accepted (never the password) or checked by a broker connection opened
+ * with them, bound to the least loaded connection, or waiting while every
+ * one is full. */
 #include "pool.h"
 
 #include "../amqp/frame_scan.h"
@@ -42,10 +44,53 @@ void pool_channels_add(int delta)
 	__atomic_add_fetch(&pool_shared.channels, (unsigned long)(long)delta, __ATOMIC_RELAXED);
 }
 
-void pool_conns_add(struct pool *p, int delta)
+/* Broker connections of p's (vhost, user), over its pools (a pool's
+ * reservation counted): under the registry's lock. */
+static unsigned pool_group_conns(const struct pool *p)
 {
-	p->nconns += (unsigned)delta;
-	__atomic_add_fetch(&pool_shared.conns, (unsigned long)(long)delta, __ATOMIC_RELAXED);
+	const struct pool *q;
+	unsigned n = 0;
+
+	for (q = pool_shared.pools; q; q = q->next)
+		if (strcmp(q->vhost, p->vhost) == 0 && strcmp(q->user, p->user) == 0)
+			n += q->nconns + q->reserved;
+	return n;
+}
+
+int pool_group_full(struct pool *p)
+{
+	int full;
+
+	pthread_mutex_lock(&pool_shared.lock);
+	full = pool_group_conns(p) >= (unsigned)p->cfg.max_connections;
+	pthread_mutex_unlock(&pool_shared.lock);
+	return full;
+}
+
+int pool_conns_take(struct pool *p)
+{
+	int took = 1;
+
+	pthread_mutex_lock(&pool_shared.lock);
+	if (p->reserved)
+		p->reserved = 0; /* the room held for it since it was made */
+	else if (pool_group_conns(p) >= (unsigned)p->cfg.max_connections)
+		took = 0;
+	if (took)
+		p->nconns++;
+	pthread_mutex_unlock(&pool_shared.lock);
+	if (took)
+		__atomic_add_fetch(&pool_shared.conns, 1ul, __ATOMIC_RELAXED);
+	return took;
+}
+
+void pool_conns_drop(struct pool *p)
+{
+	pthread_mutex_lock(&pool_shared.lock);
+	ACEMQ_ASSERT(p->nconns > 0);
+	p->nconns--;
+	pthread_mutex_unlock(&pool_shared.lock);
+	__atomic_sub_fetch(&pool_shared.conns, 1ul, __ATOMIC_RELAXED);
 }
 
 static void pool_waiting_add(int delta)
@@ -62,27 +107,48 @@ void pool_gauges(struct pool_gauges *g)
 
 /* ---- the registry ----------------------------------------------------- */
 
-/* The pool of (vhost, user), made on w when new; a reference taken. */
-static struct pool *pool_get(struct worker *w, const char *vhost, const char *user)
+/* The pool for a client of (vhost, user) on w, a reference taken: w's own
+ * when it has a connection or room for one under the bound (a connection
+ * reserved for it, so that a pool made or woken here can always open
+ * one), else, at the bound, another worker's that holds connections. */
+static struct pool *pool_get(struct worker *w, const char *vhost, const char *user,
+			     int max_connections)
 {
-	struct pool *p;
+	struct pool *p, *mine = NULL, *other = NULL;
+	unsigned group = 0;
 
 	pthread_mutex_lock(&pool_shared.lock);
 	if (!pool_shared.salted)
 		pool_shared.salted =
 		    RAND_bytes(pool_shared.salt, sizeof(pool_shared.salt)) == 1;
-	for (p = pool_shared.pools; p; p = p->next)
-		if (strcmp(p->vhost, vhost) == 0 && strcmp(p->user, user) == 0)
-			break;
-	if (p == NULL && pool_shared.salted && (p = calloc(1, sizeof(*p))) != NULL) {
-		snprintf(p->vhost, sizeof(p->vhost), "%s", vhost);
-		snprintf(p->user, sizeof(p->user), "%s", user);
-		p->home = w;
-		list_init(&p->homed);
-		list_init(&p->conns);
-		list_init(&p->waiting);
-		p->next = pool_shared.pools;
-		pool_shared.pools = p;
+	for (p = pool_shared.pools; p; p = p->next) {
+		if (strcmp(p->vhost, vhost) != 0 || strcmp(p->user, user) != 0)
+			continue;
+		group += p->nconns + p->reserved;
+		if (p->home == w)
+			mine = p;
+		else if (p->nconns + p->reserved > 0 &&
+			 (other == NULL || p->refs < other->refs))
+			other = p;
+	}
+	p = mine;
+	if (p == NULL || p->nconns + p->reserved == 0) {
+		if (group >= (unsigned)max_connections && other)
+			p = other;
+		else if (p == NULL && pool_shared.salted &&
+			 (p = calloc(1, sizeof(*p))) != NULL) {
+			snprintf(p->vhost, sizeof(p->vhost), "%s", vhost);
+			snprintf(p->user, sizeof(p->user), "%s", user);
+			p->home = w;
+			list_init(&p->homed);
+			list_init(&p->conns);
+			list_init(&p->waiting);
+			p->next = pool_shared.pools;
+			pool_shared.pools = p;
+		}
+		if (p && p->home == w && p->nconns + p->reserved == 0 &&
+		    group < (unsigned)max_connections)
+			p->reserved = 1;
 	}
 	if (p)
 		p->refs++;
@@ -523,7 +589,7 @@ static void pool_check(struct pool_att *a)
 			return;
 		}
 	}
-	if (p->nconns >= (unsigned)p->cfg.max_connections) {
+	if (pool_group_full(p)) {
 		list_for_each_entry (c, &p->conns, node) {
 			if (c->check_only && c->phase != CONN_CLOSING) {
 				/* Another check is out: wait for it. */
@@ -726,7 +792,7 @@ int pool_dial(struct session *s, const struct rules_vhost *v)
 
 	if (x == NULL)
 		return -1;
-	p = pool_get(s->w, s->vhost, s->user);
+	p = pool_get(s->w, s->vhost, s->user, v->pool.max_connections);
 	if (p == NULL) {
 		free(x);
 		return -1;

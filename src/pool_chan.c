@@ -4,7 +4,10 @@
  * sends it a basic.qos(0) (the state a new channel has) and, once its qos-ok
  * shows the broker did everything sent before it without closing the
  * channel (and, in confirm mode, once every publish on it is confirmed),
- * keeps it for the next client, who gets its channel.open-ok at once.
+ * keeps it for the next client, who gets its channel.open-ok at once. A
+ * channel kept in confirm mode on which the client then only published,
+ * every publish confirmed, is kept again without the qos(0): the confirms
+ * already show the broker did all it was sent.
  * Channels are kept in two kinds, plain and in confirm mode: a client's
  * first method after channel.open decides which it is given (confirm.select
  * takes one in confirm mode and is answered here; anything else a plain
@@ -48,6 +51,7 @@ static void pool_chan_keep(struct pool_conn *c, uint16_t m)
 	}
 	sl->state = SLOT_KEPT;
 	sl->fresh = 0;
+	sl->unsure = 0;
 	sl->cselected = 0;
 	sl->cbase = 0;
 	c->kept[k][c->nkept[k]++] = m;
@@ -149,13 +153,16 @@ void pool_chan_sent(struct pool_slot *sl, amqp_method_number_t id)
 		if (sl->confirm)
 			sl->bseq++;
 		break;
-	case AMQP_CONFIRM_SELECT_METHOD:
 	case AMQP_CHANNEL_CLOSE_METHOD:
 	case AMQP_CHANNEL_CLOSE_OK_METHOD:
+		break;
+	case AMQP_CONFIRM_SELECT_METHOD: /* sent on: its select-ok may be out */
+		sl->unsure = 1;
 		break;
 	default:
 		if ((id >> 16) != 40 && (id >> 16) != 50)
 			sl->dirty = 1;
+		sl->unsure = 1;
 		break;
 	}
 }
@@ -208,6 +215,18 @@ int pool_chan_retire(struct pool_conn *c, uint16_t m, int client)
 	if (sl->state != SLOT_OPEN || sl->dirty || sl->closing || sl->content_left ||
 	    sl->exclusive_pending || sl->hide_open || c->phase != CONN_READY)
 		return 0;
+	if (!sl->unsure && sl->confirm && pool_chan_settled(sl)) {
+		/* Kept in confirm mode, and since then only publishes, each
+		 * confirmed: the broker did all of them, nothing sent can still
+		 * close it. Kept without asking. */
+		if (!client && sl->att && sl->n < sl->att->nmap && sl->att->map[sl->n] == m) {
+			sl->att->map[sl->n] = 0;
+			sl->att = NULL;
+		}
+		STATS_INC(&c->pool->home->stats, pool_channels_kept_unprobed);
+		pool_chan_probed(c, m);
+		return 1;
+	}
 	method_write(pool_conn_out(c), m, AMQP_BASIC_QOS_METHOD, &(amqp_basic_qos_t){0, 0, 0});
 	c->last_out = time(NULL);
 	sl->probe = 1;

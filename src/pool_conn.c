@@ -111,15 +111,16 @@ static int pool_conn_dial(struct pool_conn *c)
 struct pool_conn *pool_conn_new(struct pool *p, struct pool_att *auth, int check)
 {
 	struct pool_conn *c;
-	int counted = p->nconns < (unsigned)p->cfg.max_connections;
+	int counted;
 
-	if (!counted && !check)
-		return NULL;
 	c = calloc(1, sizeof(*c));
 	if (c == NULL)
 		return NULL;
-	if (counted)
-		pool_conns_add(p, 1);
+	counted = pool_conns_take(p);
+	if (!counted && !check) {
+		free(c);
+		return NULL;
+	}
 	c->id = __atomic_add_fetch(&pool_conn_ids, 1, __ATOMIC_RELAXED);
 	c->pool = p;
 	c->counted = counted;
@@ -692,7 +693,7 @@ static void pool_conn_free(struct pool_conn *c, uint16_t code, const char *text)
 	if (c->tr)
 		transport_free(c->tr);
 	if (c->counted)
-		pool_conns_add(c->pool, -1);
+		pool_conns_drop(c->pool);
 	free(c->slots);
 	free(c->start);
 	pool_conn_gone(c);

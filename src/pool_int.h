@@ -44,6 +44,7 @@ struct pool_slot {
 	uint8_t dirty;     /* it holds state a new channel has not: not kept */
 	uint8_t probe;     /* the qos(0) is out */
 	uint8_t fresh;     /* taken from the kept ones, no method sent on it yet */
+	uint8_t unsure;    /* a method not a publish went since it was kept */
 	uint8_t hide_open; /* opened by the proxy for a client: its open-ok not shown */
 	uint64_t bseq;     /* publishes on it since its confirm.select */
 	uint64_t cbase;    /* bseq at its client's confirm.select */
@@ -179,8 +180,8 @@ struct pool_queue {
 	char name[256];
 };
 
-/* Per (vhost, user), for every worker, kept on its home worker: what is
- * not marked otherwise is touched on the home worker only. */
+/* Per (vhost, user) and worker, kept on its home worker: what is not
+ * marked otherwise is touched on the home worker only. */
 struct pool {
 	struct pool *next; /* the registry (under its lock) */
 	struct list homed; /* in its home worker's list */
@@ -190,7 +191,9 @@ struct pool {
 	struct rules_pool cfg;
 	struct upstream_list upstreams;
 	struct list conns, waiting;
-	unsigned nconns; /* counted against cfg.max_connections */
+	unsigned nconns;   /* under the registry's lock: counted against the bound */
+	unsigned reserved; /* under the registry's lock: 1 while room is held for
+			    * its first connection (pool_get) */
 	struct event *wait_timer;
 	uint8_t hash[POOL_HASH_LEN]; /* of the password the broker last accepted */
 	time_t trusted_until;
@@ -218,7 +221,9 @@ void pool_att_close(struct pool_att *a, uint16_t code, const char *text);
 void pool_feed(struct pool_att *a);
 void pool_channels_add(int delta);
 void pool_att_end(struct pool_att *a);
-void pool_conns_add(struct pool *p, int delta);
+int pool_conns_take(struct pool *p);
+void pool_conns_drop(struct pool *p);
+int pool_group_full(struct pool *p);
 void pool_retry_waiting(struct pool *p);
 
 /* pool_conn.c */

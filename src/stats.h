@@ -65,6 +65,9 @@
 	  "broker channels kept open between pooled clients, by event")                      \
 	X(pool_channels_kept, "acemq_proxy_pool_channels_kept_total", "event=\"kept\"",      \
 	  "broker channels kept open between pooled clients, by event")                      \
+	X(pool_channels_kept_unprobed, "acemq_proxy_pool_channels_kept_total",               \
+	  "event=\"kept_unprobed\"",                                                         \
+	  "broker channels kept open between pooled clients, by event")                      \
 	X(reply_to_header_added, "acemq_proxy_reply_to_total", "change=\"header_added\"",    \
 	  "reply addresses normalised, by change")                                           \
 	X(reply_to_property_set, "acemq_proxy_reply_to_total", "change=\"property_set\"",    \

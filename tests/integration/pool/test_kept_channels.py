@@ -15,6 +15,7 @@ from test_pool import connect, drain, fresh_queue
 
 KEPT_USED = 'acemq_proxy_pool_channels_kept_total{event="used"}'
 KEPT = 'acemq_proxy_pool_channels_kept_total{event="kept"}'
+UNPROBED = 'acemq_proxy_pool_channels_kept_total{event="kept_unprobed"}'
 
 
 def raw(pooled):
@@ -62,6 +63,32 @@ def test_confirms_numbered_from_one_on_a_kept_channel(pooled):
     assert metric(pooled, KEPT_USED) - used0 >= 3
     assert sorted(drain(q, VHOST_ONE)) == sorted(
         b"r%d-%d" % (r, i) for r in range(4) for i in range(3 + r))
+
+
+def test_kept_without_asking_only_once_every_publish_is_confirmed(pooled):
+    """A client on a kept channel in confirm mode that only published and
+    had every publish confirmed leaves it kept without the qos(0); one whose
+    publish is not confirmed when it closes (here: to an exchange that does
+    not exist) has the broker asked, and the broker's 404 reaches it."""
+    q = fresh_queue(VHOST_ONE)
+    publish_confirmed(pooled, q, [b"a"])  # a channel in confirm mode kept
+    unprobed0 = metric(pooled, UNPROBED)
+    publish_confirmed(pooled, q, [b"b", b"c"])
+    assert support.wait_until(lambda: metric(pooled, UNPROBED) > unprobed0, 10)
+    unprobed1 = metric(pooled, UNPROBED)
+    c = raw(pooled)
+    c.channel_open(1)
+    c.confirm_select(1)
+    c.publish(1, "k", b"lost", exchange="acemq-none-" + uuid.uuid4().hex[:8])
+    c.send(w.method_frame(1, w.CHANNEL_CLOSE, struct.pack(">H", 200) + w.shortstr("bye") +
+                          struct.pack(">HH", 0, 0)))
+    f = c.read_frame()
+    assert f.method == w.CHANNEL_CLOSE, f
+    assert struct.unpack_from(">H", f.args, 0)[0] == 404
+    c.send(w.method_frame(1, w.CHANNEL_CLOSE_OK))
+    c.close()
+    assert metric(pooled, UNPROBED) == unprobed1
+    assert sorted(drain(q, VHOST_ONE)) == [b"a", b"b", b"c"]
 
 
 def test_client_without_confirms_gets_a_plain_channel(pooled):
