@@ -1,6 +1,7 @@
 /* state: one LMDB environment, its named databases, the writer thread that
- * group-commits, and the sync thread that makes those commits durable while
- * the next ones are written (a pipelined fsync). */
+ * group-commits, and what makes those commits durable before their
+ * completions are posted: the next commit's fsync or a sync of its own
+ * (state_sync=2), or a sync thread while the next ones are written (1). */
 #include "state.h"
 
 #include "../debug.h"
@@ -45,6 +46,8 @@ struct state {
 	int sync_stop;
 	int (*sync_hook)(void *arg); /* tests: runs before each sync */
 	void *sync_hook_arg;
+	int (*commit_hook)(void *arg); /* tests: runs before each group commit */
+	void *commit_hook_arg;
 	pthread_mutex_t dbi_lock; /* opening databases; the table */
 	struct state_dbi *dbis;
 	int ndbis;
@@ -270,24 +273,79 @@ static void state_post_done(struct state *st, struct state_write *list)
 	}
 }
 
+/* list was made durable by a sync that ended with rc (0, or an errno or
+ * LMDB code): each write it covered fails with it; counted, then posted. */
+static void state_synced(struct state *st, struct state_write *list, int rc)
+{
+	struct state_write *w;
+	int n;
+
+	for (w = list, n = 0; w; w = w->next, n++)
+		if (rc != 0 && w->rc == STATE_OK)
+			w->rc = state_rc_of(rc) == STATE_FULL ? STATE_FULL : STATE_IO;
+	if (rc != 0)
+		log_error("state: sync failed: %s; the %d writes it covered fail",
+			  mdb_strerror(rc), n);
+	pthread_mutex_lock(&st->lock);
+	st->counters.syncs++;
+	st->counters.synced_writes += (uint64_t)n;
+	pthread_mutex_unlock(&st->lock);
+	state_post_done(st, list);
+}
+
+/* The id of the last commit that wrote a meta page. */
+static size_t state_last_txnid(struct state *st)
+{
+	MDB_envinfo info;
+
+	return mdb_env_info(st->env, &info) == 0 ? info.me_last_txnid : 0;
+}
+
+/* The writer. With state_sync=2 the environment is MDB_NOMETASYNC: LMDB
+ * writes a commit's pages, fsyncs them, then writes its meta page without
+ * a sync, so a power cut can only lose the last commits whole, never
+ * leave a meta page whose pages are missing. A commit is durable once the
+ * file's next fsync is done: that of the next commit that writes (it
+ * fsyncs its pages, and with them the meta pages written before), or,
+ * when nothing else is queued, a sync here. Until then its writes wait in
+ * unsynced: under load one fsync a commit instead of LMDB's two. */
 static void *state_writer(void *arg)
 {
 	struct state *st = arg;
-	struct state_write *list, *w;
-	size_t off;
-	int rc, n, have;
+	struct state_write *list, *w, *unsynced = NULL, **unsynced_tail = &unsynced;
+	int (*hook)(void *), (*commit_hook)(void *);
+	void *hook_arg, *commit_hook_arg;
+	size_t off, before;
+	int rc, n, have, serial = st->sync == STATE_SYNC_SERIAL;
 
 	for (;;) {
 		pthread_mutex_lock(&st->lock);
-		while (st->head == NULL && !st->stop)
+		while (st->head == NULL && !st->stop && unsynced == NULL)
 			pthread_cond_wait(&st->cond, &st->lock);
 		list = st->head;
 		st->head = NULL;
 		st->tail = &st->head;
+		hook = st->sync_hook;
+		hook_arg = st->sync_hook_arg;
+		commit_hook = st->commit_hook;
+		commit_hook_arg = st->commit_hook_arg;
 		pthread_mutex_unlock(&st->lock);
+		if (list == NULL && unsynced) {
+			/* Nothing else to commit: a sync of its own. */
+			rc = hook ? hook(hook_arg) : 0;
+			if (rc == 0)
+				rc = mdb_env_sync(st->env, 1);
+			state_synced(st, unsynced, rc);
+			unsynced = NULL;
+			unsynced_tail = &unsynced;
+			continue;
+		}
 		if (list == NULL)
 			return NULL;
-		/* Everything queued, one transaction, one sync. */
+		if (commit_hook)
+			commit_hook(commit_hook_arg);
+		before = serial && unsynced ? state_last_txnid(st) : 0;
+		/* Everything queued, one transaction. */
 		have = state_handles(st, list) == 0;
 		rc = have ? state_commit(st, list, 0, st->handles) : STATE_IO;
 		if (rc == STATE_OK) {
@@ -305,11 +363,6 @@ static void *state_writer(void *arg)
 		pthread_mutex_lock(&st->lock);
 		st->counters.commits++;
 		st->counters.writes += (uint64_t)n;
-		if (st->sync == STATE_SYNC_SERIAL) {
-			/* LMDB synced inside the commit. */
-			st->counters.syncs++;
-			st->counters.synced_writes += (uint64_t)n;
-		}
 		if (st->sync == STATE_SYNC_PIPELINED) {
 			/* Durable only once a sync that began after this
 			 * commit is done: the sync thread posts them. */
@@ -321,6 +374,20 @@ static void *state_writer(void *arg)
 			list = NULL;
 		}
 		pthread_mutex_unlock(&st->lock);
+		if (serial) {
+			if (unsynced && state_last_txnid(st) != before) {
+				/* This commit fsynced the file after the meta
+				 * pages of those waiting were written. */
+				state_synced(st, unsynced, 0);
+				unsynced = NULL;
+				unsynced_tail = &unsynced;
+			}
+			*unsynced_tail = list;
+			for (w = list; w->next; w = w->next)
+				;
+			unsynced_tail = &w->next;
+			list = NULL;
+		}
 		state_post_done(st, list);
 	}
 }
@@ -332,10 +399,10 @@ static void *state_writer(void *arg)
 static void *state_syncer(void *arg)
 {
 	struct state *st = arg;
-	struct state_write *list, *w;
+	struct state_write *list;
 	int (*hook)(void *);
 	void *hook_arg;
-	int rc, n;
+	int rc;
 
 	for (;;) {
 		pthread_mutex_lock(&st->lock);
@@ -352,17 +419,7 @@ static void *state_syncer(void *arg)
 		rc = hook ? hook(hook_arg) : 0;
 		if (rc == 0)
 			rc = mdb_env_sync(st->env, 1);
-		for (w = list, n = 0; w; w = w->next, n++)
-			if (rc != 0 && w->rc == STATE_OK)
-				w->rc = state_rc_of(rc) == STATE_FULL ? STATE_FULL : STATE_IO;
-		if (rc != 0)
-			log_error("state: sync failed: %s; the %d writes it covered fail",
-				  mdb_strerror(rc), n);
-		pthread_mutex_lock(&st->lock);
-		st->counters.syncs++;
-		st->counters.synced_writes += (uint64_t)n;
-		pthread_mutex_unlock(&st->lock);
-		state_post_done(st, list);
+		state_synced(st, list, rc);
 	}
 }
 
@@ -398,9 +455,10 @@ struct state *state_open(const struct state_settings *set, char *err, size_t err
 	if (rc == 0)
 		rc = mdb_env_set_maxreaders(st->env, 1024);
 	if (rc == 0)
-		rc = mdb_env_open(st->env, set->dir,
-				  MDB_NOTLS | (set->sync == STATE_SYNC_SERIAL ? 0 : MDB_NOSYNC),
-				  0640);
+		rc = mdb_env_open(
+		    st->env, set->dir,
+		    MDB_NOTLS | (set->sync == STATE_SYNC_SERIAL ? MDB_NOMETASYNC : MDB_NOSYNC),
+		    0640);
 	if (rc != 0) {
 		snprintf(err, errlen, "%s: %s", set->dir, mdb_strerror(rc));
 		if (st->env)
@@ -471,6 +529,14 @@ void state_test_sync_hook(struct state *st, int (*fn)(void *arg), void *arg)
 	pthread_mutex_lock(&st->lock);
 	st->sync_hook = fn;
 	st->sync_hook_arg = arg;
+	pthread_mutex_unlock(&st->lock);
+}
+
+void state_test_commit_hook(struct state *st, int (*fn)(void *arg), void *arg)
+{
+	pthread_mutex_lock(&st->lock);
+	st->commit_hook = fn;
+	st->commit_hook_arg = arg;
 	pthread_mutex_unlock(&st->lock);
 }
 

@@ -59,7 +59,8 @@ struct state_write {
 enum state_sync {
 	STATE_SYNC_NONE = 0,      /* nobody: MDB_NOSYNC, the page cache only */
 	STATE_SYNC_PIPELINED = 1, /* the sync thread, overlapping later commits */
-	STATE_SYNC_SERIAL = 2,    /* LMDB inside each commit, in series */
+	STATE_SYNC_SERIAL = 2,    /* each commit's pages fsynced by LMDB, its meta
+				   * page by the next commit's fsync or the writer's */
 };
 
 struct state_settings {
@@ -108,10 +109,14 @@ void state_counters(struct state *st, struct state_counters *out);
 
 const char *state_strerror(int rc);
 
-/* Tests: fn(arg) runs on the sync thread before each sync it makes; it
- * may block (holding the writes of that sync back), and a non-zero errno
- * it returns stands for the sync failing. NULL removes it. */
+/* Tests: fn(arg) runs before each sync made for its own sake (on the sync
+ * thread with state_sync=1, on the writer with 2); it may block (holding
+ * the writes of that sync back), and a non-zero errno it returns stands
+ * for the sync failing. NULL removes it. */
 void state_test_sync_hook(struct state *st, int (*fn)(void *arg), void *arg);
+/* Tests: fn(arg) runs on the writer before each group commit (it may
+ * block, letting writes queue behind it). */
+void state_test_commit_hook(struct state *st, int (*fn)(void *arg), void *arg);
 
 /* Wall-clock milliseconds since the epoch: the time stored in records. */
 uint64_t state_now_ms(void);

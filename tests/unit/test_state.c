@@ -203,6 +203,7 @@ struct gate {
 };
 
 static struct gate gate = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0};
+static struct gate cgate = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0};
 
 static int gate_hook(void *arg)
 {
@@ -220,48 +221,48 @@ static int gate_hook(void *arg)
 	return rc;
 }
 
-static void gate_reset(void)
+static void gate_reset(struct gate *g)
 {
-	pthread_mutex_lock(&gate.lock);
-	gate.entered = gate.open = gate.fail = 0;
-	pthread_mutex_unlock(&gate.lock);
+	pthread_mutex_lock(&g->lock);
+	g->entered = g->open = g->fail = 0;
+	pthread_mutex_unlock(&g->lock);
 }
 
-static int gate_entered(void)
+static int gate_entered(struct gate *g)
 {
 	int n;
 
-	pthread_mutex_lock(&gate.lock);
-	n = gate.entered;
-	pthread_mutex_unlock(&gate.lock);
+	pthread_mutex_lock(&g->lock);
+	n = g->entered;
+	pthread_mutex_unlock(&g->lock);
 	return n;
 }
 
-/* Wait (at most 10 s) until n syncs have reached the hook. */
-static void gate_wait_entered(int n)
+/* Wait (at most 10 s) until n callers have reached the hook. */
+static void gate_wait_entered(struct gate *g, int n)
 {
 	struct timespec until;
 	int entered;
 
 	clock_gettime(CLOCK_REALTIME, &until);
 	until.tv_sec += 10;
-	pthread_mutex_lock(&gate.lock);
-	while (gate.entered < n &&
-	       pthread_cond_timedwait(&gate.cond, &gate.lock, &until) != ETIMEDOUT)
+	pthread_mutex_lock(&g->lock);
+	while (g->entered < n &&
+	       pthread_cond_timedwait(&g->cond, &g->lock, &until) != ETIMEDOUT)
 		;
-	entered = gate.entered;
-	pthread_mutex_unlock(&gate.lock);
+	entered = g->entered;
+	pthread_mutex_unlock(&g->lock);
 	ck_assert_int_ge(entered, n);
 }
 
-/* Let the next sync through, failing with err (0: it succeeds). */
-static void gate_release(int err)
+/* Let the next caller through, failing with err (0: it succeeds). */
+static void gate_release(struct gate *g, int err)
 {
-	pthread_mutex_lock(&gate.lock);
-	gate.fail = err;
-	gate.open++;
-	pthread_cond_broadcast(&gate.cond);
-	pthread_mutex_unlock(&gate.lock);
+	pthread_mutex_lock(&g->lock);
+	g->fail = err;
+	g->open++;
+	pthread_cond_broadcast(&g->cond);
+	pthread_mutex_unlock(&g->lock);
 }
 
 /* Run the loop for a while: what should not arrive has had its chance. */
@@ -313,11 +314,11 @@ START_TEST(test_completions_wait_for_the_sync_covering_them)
 	char buf[64];
 	int done = 0, i;
 
-	gate_reset();
+	gate_reset(&gate);
 	state_test_sync_hook(st, gate_hook, &gate);
 	/* One write, and the sync covering it held. */
 	submit(st, r, &done, 0, 1);
-	gate_wait_entered(1);
+	gate_wait_entered(&gate, 1);
 	/* The next writes commit while that sync is held (readers see them)
 	 * and wait for a sync of their own; nothing completes meanwhile. */
 	submit(st, r, &done, 1, 50);
@@ -329,14 +330,14 @@ START_TEST(test_completions_wait_for_the_sync_covering_them)
 	pump(200);
 	ck_assert_int_eq(done, 0);
 	/* The first sync, once done, reports only the write it covered. */
-	gate_release(0);
+	gate_release(&gate, 0);
 	wait_done(&done, 1);
-	gate_wait_entered(2);
+	gate_wait_entered(&gate, 2);
 	pump(100);
 	ck_assert_int_eq(done, 1);
 	ck_assert_int_eq(r[0].rc, STATE_OK);
 	/* The second covers the rest. */
-	gate_release(0);
+	gate_release(&gate, 0);
 	wait_done(&done, 50);
 	for (i = 0; i < 50; i++)
 		ck_assert_int_eq(r[i].rc, STATE_OK);
@@ -355,28 +356,28 @@ START_TEST(test_failed_sync_fails_every_write_it_covered)
 	struct state_counters c;
 	int done = 0, i;
 
-	gate_reset();
+	gate_reset(&gate);
 	state_test_sync_hook(st, gate_hook, &gate);
 	/* Sync 1 covers write 0 (held); writes 1-40 commit meanwhile, so sync
 	 * 2 covers exactly them; 41-60 commit while sync 2 is held. */
 	submit(st, r, &done, 0, 1);
-	gate_wait_entered(1);
+	gate_wait_entered(&gate, 1);
 	submit(st, r, &done, 1, 41);
 	wait_writes(st, 41);
-	gate_release(0);
+	gate_release(&gate, 0);
 	wait_done(&done, 1);
-	gate_wait_entered(2);
+	gate_wait_entered(&gate, 2);
 	submit(st, r, &done, 41, 61);
 	wait_writes(st, 61);
 	/* Sync 2 fails: every write it covered fails, and only those. */
-	gate_release(EIO);
+	gate_release(&gate, EIO);
 	wait_done(&done, 41);
 	for (i = 1; i < 41; i++)
 		ck_assert_int_eq(r[i].rc, STATE_IO);
-	gate_wait_entered(3);
+	gate_wait_entered(&gate, 3);
 	pump(100);
 	ck_assert_int_eq(done, 41);
-	gate_release(0);
+	gate_release(&gate, 0);
 	wait_done(&done, 61);
 	ck_assert_int_eq(r[0].rc, STATE_OK);
 	for (i = 41; i < 61; i++)
@@ -386,8 +387,8 @@ START_TEST(test_failed_sync_fails_every_write_it_covered)
 	ck_assert_uint_eq(c.syncs, 3);
 	/* A full disk on sync is reported as such. */
 	submit(st, r, &done, 0, 1);
-	gate_wait_entered(4);
-	gate_release(ENOSPC);
+	gate_wait_entered(&gate, 4);
+	gate_release(&gate, ENOSPC);
 	wait_done(&done, 62);
 	ck_assert_int_eq(r[0].rc, STATE_FULL);
 	state_test_sync_hook(st, NULL, NULL);
@@ -395,37 +396,125 @@ START_TEST(test_failed_sync_fails_every_write_it_covered)
 }
 END_TEST
 
-/* Without the sync thread (no fsync, or LMDB's own in each commit) the
- * hook never runs and writes complete, counted. */
-START_TEST(test_sync_off_and_serial)
+/* Without a sync (state_sync=0) the hook never runs and writes complete,
+ * counted, with no sync counted. */
+START_TEST(test_sync_off)
 {
 	static struct req r[20];
 	struct state_counters c;
 	struct state *st;
 	char buf[64];
-	int done = 0, i, mode;
+	int done = 0, i;
 
-	for (mode = STATE_SYNC_NONE; mode <= STATE_SYNC_SERIAL; mode += 2) {
-		st = open_state_sync(64 << 20, mode);
-		gate_reset();
-		state_test_sync_hook(st, gate_hook, &gate);
-		for (i = 0; i < 20; i++) {
-			req_init(&r[i], &done, "claims:/", i, "value", 5);
-			state_submit(st, &r[i].w);
-		}
-		wait_done(&done, 20);
-		for (i = 0; i < 20; i++)
-			ck_assert_int_eq(r[i].rc, STATE_OK);
-		ck_assert_int_eq(gate_entered(), 0);
-		state_counters(st, &c);
-		ck_assert_uint_eq(c.writes, 20);
-		ck_assert_uint_eq(c.syncs, mode == STATE_SYNC_SERIAL ? c.commits : 0);
-		ck_assert_uint_eq(c.synced_writes, mode == STATE_SYNC_SERIAL ? 20 : 0);
-		state_close(st);
-		done = 0;
+	st = open_state_sync(64 << 20, STATE_SYNC_NONE);
+	gate_reset(&gate);
+	state_test_sync_hook(st, gate_hook, &gate);
+	for (i = 0; i < 20; i++) {
+		req_init(&r[i], &done, "claims:/", i, "value", 5);
+		state_submit(st, &r[i].w);
 	}
+	wait_done(&done, 20);
+	for (i = 0; i < 20; i++)
+		ck_assert_int_eq(r[i].rc, STATE_OK);
+	ck_assert_int_eq(gate_entered(&gate), 0);
+	state_counters(st, &c);
+	ck_assert_uint_eq(c.writes, 20);
+	ck_assert_uint_eq(c.syncs, 0);
+	ck_assert_uint_eq(c.synced_writes, 0);
+	state_close(st);
 	st = open_state(64 << 20);
 	ck_assert_int_eq(state_get(st, "claims:/", "k000019", 7, get_copy, buf), STATE_OK);
+	state_close(st);
+}
+END_TEST
+
+/* state_sync=2: a commit's meta page is not synced by LMDB, so its writes
+ * complete only after a later fsync: with nothing else queued, the
+ * writer's own sync (held here: the write is committed, readers see it,
+ * and it does not complete); a failed sync fails what it covered. */
+START_TEST(test_serial_completion_waits_for_the_meta_sync)
+{
+	struct state *st = open_state_sync(64 << 20, STATE_SYNC_SERIAL);
+	static struct req r[2];
+	struct state_counters c;
+	char buf[64];
+	int done = 0;
+
+	gate_reset(&gate);
+	state_test_sync_hook(st, gate_hook, &gate);
+	submit(st, r, &done, 0, 1);
+	gate_wait_entered(&gate, 1);
+	ck_assert_int_eq(state_get(st, "claims:/", "k000000", 7, get_copy, buf), STATE_OK);
+	pump(200);
+	ck_assert_int_eq(done, 0);
+	gate_release(&gate, 0);
+	wait_done(&done, 1);
+	ck_assert_int_eq(r[0].rc, STATE_OK);
+	/* Committed, but the sync that was to make it durable failed. */
+	submit(st, r, &done, 1, 2);
+	gate_wait_entered(&gate, 2);
+	pump(100);
+	ck_assert_int_eq(done, 1);
+	gate_release(&gate, EIO);
+	wait_done(&done, 2);
+	ck_assert_int_eq(r[1].rc, STATE_IO);
+	submit(st, r, &done, 0, 1);
+	gate_wait_entered(&gate, 3);
+	gate_release(&gate, ENOSPC);
+	wait_done(&done, 3);
+	ck_assert_int_eq(r[0].rc, STATE_FULL);
+	state_counters(st, &c);
+	ck_assert_uint_eq(c.commits, 3);
+	ck_assert_uint_eq(c.syncs, 3);
+	ck_assert_uint_eq(c.synced_writes, 3);
+	ck_assert_uint_eq(c.write_errors, 2);
+	state_test_sync_hook(st, NULL, NULL);
+	state_close(st);
+}
+END_TEST
+
+/* state_sync=2 under load: the next commit's fsync covers the meta page
+ * of the one before, whose writes complete then, with no sync of their
+ * own; only the last commit, with nothing behind it, has one. */
+START_TEST(test_serial_next_commit_covers_the_one_before)
+{
+	struct state *st = open_state_sync(64 << 20, STATE_SYNC_SERIAL);
+	static struct req r[10];
+	struct state_counters c;
+	int done = 0, i;
+
+	gate_reset(&gate);
+	gate_reset(&cgate);
+	state_test_sync_hook(st, gate_hook, &gate);
+	state_test_commit_hook(st, gate_hook, &cgate);
+	submit(st, r, &done, 0, 1);
+	gate_wait_entered(&cgate, 1);
+	submit(st, r, &done, 1, 10); /* queued behind the first commit */
+	gate_release(&cgate, 0);
+	/* The first commit is done; the second is held before it starts:
+	 * the first's writes wait for an fsync. */
+	gate_wait_entered(&cgate, 2);
+	pump(200);
+	ck_assert_int_eq(done, 0);
+	gate_release(&cgate, 0);
+	/* The second commit's writes wait for the writer's own sync (held);
+	 * the first's completed without it. */
+	gate_wait_entered(&gate, 1);
+	wait_done(&done, 1);
+	pump(100);
+	ck_assert_int_eq(done, 1);
+	ck_assert_int_eq(r[0].rc, STATE_OK);
+	gate_release(&gate, 0);
+	wait_done(&done, 10);
+	for (i = 0; i < 10; i++)
+		ck_assert_int_eq(r[i].rc, STATE_OK);
+	state_counters(st, &c);
+	ck_assert_uint_eq(c.commits, 2);
+	ck_assert_uint_eq(c.syncs, 2); /* the second commit's, and the writer's */
+	ck_assert_uint_eq(c.synced_writes, 10);
+	ck_assert_int_eq(gate_entered(&gate), 1);
+	state_test_sync_hook(st, NULL, NULL);
+	state_test_commit_hook(st, NULL, NULL);
 	state_close(st);
 }
 END_TEST
@@ -441,6 +530,8 @@ int main(void)
 	tcase_add_test(tc, test_bad_directory_is_an_error);
 	tcase_add_test(tc, test_completions_wait_for_the_sync_covering_them);
 	tcase_add_test(tc, test_failed_sync_fails_every_write_it_covered);
-	tcase_add_test(tc, test_sync_off_and_serial);
+	tcase_add_test(tc, test_sync_off);
+	tcase_add_test(tc, test_serial_completion_waits_for_the_meta_sync);
+	tcase_add_test(tc, test_serial_next_commit_covers_the_one_before);
 	return unit_run("state", tc, 0);
 }
