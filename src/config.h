@@ -77,9 +77,10 @@
 	X(STATE_MAP_MB, "state_map_mb", CFG_INT, "8192", 1, 16777216,                          \
 	  "largest size of the LMDB state (MiB of address space)")                             \
 	X(STATE_SYNC, "state_sync", CFG_INT, "2", 0, 2,                                        \
-	  "2: LMDB fsyncs each commit, data before meta, in series; 1: a sync thread "         \
-	  "fsyncs commits while the next ones are written (faster; see architecture.md for "   \
-	  "power cuts); 0: no fsync (survives a crash of the proxy, not of the host)")         \
+	  "2: each commit's pages fsynced before its meta page, which the next fsync makes "   \
+	  "durable (safe on any filesystem); 1: a sync thread fsyncs commits while the next "  \
+	  "ones are written (see architecture.md for power cuts); 0: no fsync (survives a "    \
+	  "crash of the proxy, not of the host)")                                              \
 	X(IO_THREADS, "io_threads", CFG_INT, "4", 1, 64,                                       \
 	  "threads for store reads and filesystem writes")                                     \
 	X(PURGE_INTERVAL_S, "purge_interval_s", CFG_INT, "3600", 0, 86400,                     \
