@@ -41,6 +41,23 @@ def publish_confirmed(pooled, q, bodies):
     c.close()
 
 
+def publish_refused_then_close(pooled, confirm):
+    """A raw client publishes to an exchange that does not exist and closes
+    the channel at once: the broker's 404 must reach it, as directly."""
+    c = raw(pooled)
+    c.channel_open(1)
+    if confirm:
+        c.confirm_select(1)
+    c.publish(1, "k", b"lost", exchange="acemq-none-" + uuid.uuid4().hex[:8])
+    c.send(w.method_frame(1, w.CHANNEL_CLOSE, struct.pack(">H", 200) + w.shortstr("bye") +
+                          struct.pack(">HH", 0, 0)))
+    f = c.read_frame()
+    assert f.method == w.CHANNEL_CLOSE, f
+    assert struct.unpack_from(">H", f.args, 0)[0] == 404
+    c.send(w.method_frame(1, w.CHANNEL_CLOSE_OK))
+    c.close()
+
+
 def test_confirms_numbered_from_one_on_a_kept_channel(pooled):
     q = fresh_queue(VHOST_ONE)
     used0 = metric(pooled, KEPT_USED)
@@ -76,17 +93,7 @@ def test_kept_without_asking_only_once_every_publish_is_confirmed(pooled):
     publish_confirmed(pooled, q, [b"b", b"c"])
     assert support.wait_until(lambda: metric(pooled, UNPROBED) > unprobed0, 10)
     unprobed1 = metric(pooled, UNPROBED)
-    c = raw(pooled)
-    c.channel_open(1)
-    c.confirm_select(1)
-    c.publish(1, "k", b"lost", exchange="acemq-none-" + uuid.uuid4().hex[:8])
-    c.send(w.method_frame(1, w.CHANNEL_CLOSE, struct.pack(">H", 200) + w.shortstr("bye") +
-                          struct.pack(">HH", 0, 0)))
-    f = c.read_frame()
-    assert f.method == w.CHANNEL_CLOSE, f
-    assert struct.unpack_from(">H", f.args, 0)[0] == 404
-    c.send(w.method_frame(1, w.CHANNEL_CLOSE_OK))
-    c.close()
+    publish_refused_then_close(pooled, confirm=True)
     assert metric(pooled, UNPROBED) == unprobed1
     assert sorted(drain(q, VHOST_ONE)) == [b"a", b"b", b"c"]
 
@@ -136,16 +143,7 @@ def test_error_before_the_close_reaches_the_client(pooled):
     """A publish to an exchange that does not exist, then channel.close at
     once: the broker's 404 reaches the client (as it would directly), and
     the channel is not handed on."""
-    c = raw(pooled)
-    c.channel_open(1)
-    c.publish(1, "k", b"lost", exchange="acemq-none-" + uuid.uuid4().hex[:8])
-    c.send(w.method_frame(1, w.CHANNEL_CLOSE, struct.pack(">H", 200) + w.shortstr("bye") +
-                          struct.pack(">HH", 0, 0)))
-    f = c.read_frame()
-    assert f.method == w.CHANNEL_CLOSE, f
-    assert struct.unpack_from(">H", f.args, 0)[0] == 404
-    c.send(w.method_frame(1, w.CHANNEL_CLOSE_OK))
-    c.close()
+    publish_refused_then_close(pooled, confirm=False)
     # The next clients work on channels of their own.
     q = fresh_queue(VHOST_ONE)
     for i in range(3):
