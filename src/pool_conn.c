@@ -573,6 +573,7 @@ static void pool_conn_event(struct transport *tr, int what, int err, void *arg)
 	struct pool_conn *c = arg;
 
 	if (what & TRANSPORT_CONNECTED) {
+		session_nodelay(transport_fd(tr)); /* many clients' small frames */
 		c->phase = CONN_START;
 		transport_read_enable(tr);
 		return;

@@ -322,7 +322,8 @@ void session_nodelay(int fd)
 {
 	int one = 1;
 
-	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	if (fd >= 0) /* a pipe to a pool has no socket */
+		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
 void session_format_peer(char *out, size_t len, const struct sockaddr *sa)

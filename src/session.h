@@ -145,6 +145,7 @@ int session_reap(struct session *s);
 void session_leg_setup(struct session *s, struct leg *l, struct transport *tr,
 		       enum chan_dir dir);
 void session_timer_set(struct session *s, long ms);
+/* TCP_NODELAY on a socket (nothing for a pipe's -1). */
 void session_nodelay(int fd);
 void session_format_peer(char *out, size_t len, const struct sockaddr *sa);
 struct evbuffer *session_out(struct session *s, enum chan_dir dir);
