@@ -278,9 +278,11 @@ void session_shut(struct session *s, uint16_t code, const char *text)
 	}
 	if (s->upstream.tr && !s->upstream.eof && s->state >= SESSION_OPEN) {
 		out = transport_output(s->upstream.tr);
-		method_write_connection_close(out, REPLY_CONNECTION_FORCED,
-					      "CONNECTION_FORCED - client closed by proxy", 0,
-					      0);
+		method_write_connection_close(
+		    out, REPLY_CONNECTION_FORCED,
+		    s->client.eof ? "CONNECTION_FORCED - client connection lost"
+				  : "CONNECTION_FORCED - client closed by proxy",
+		    0, 0);
 		s->upstream.done = 0;
 	}
 	session_set_state(s, SESSION_CLOSING);
@@ -411,6 +413,19 @@ struct session *session_new(struct worker *w, int fd, const struct sockaddr *sa,
 	return s;
 }
 
+/* The client vanished (its leg marked eof). An open broker connection is
+ * asked to close: the broker handles every frame before a connection.close,
+ * where a socket that just ends may lose the publishes it still holds (as
+ * it would without the proxy). */
+static void session_client_gone(struct session *s)
+{
+	if (s->state == SESSION_OPEN && s->upstream.tr && !s->upstream.eof) {
+		session_shut(s, REPLY_CONNECTION_FORCED, "client connection lost");
+		return;
+	}
+	session_flush_and_go(s);
+}
+
 /* A leg failed or ended. */
 static void session_leg_lost(struct session *s, struct leg *l, const char *why)
 {
@@ -464,10 +479,8 @@ static void session_leg_lost(struct session *s, struct leg *l, const char *why)
 			     "CONNECTION_FORCED - broker connection lost");
 		return;
 	}
-	/* The client vanished: the broker sees its socket close, as it
-	 * would without the proxy. */
 	session_log(s, LOG_INFO, "client connection lost: %s", why);
-	session_flush_and_go(s);
+	session_client_gone(s);
 }
 
 /* A leg's output drained: finish a closing leg, or resume the other leg. */
@@ -506,7 +519,10 @@ static void session_silent(struct session *s, struct leg *l)
 	}
 	session_log(s, LOG_WARNING, "%s missed heartbeats", session_leg_name(s, l));
 	l->eof = 1;
-	session_flush_and_go(s);
+	if (l == &s->client)
+		session_client_gone(s);
+	else
+		session_flush_and_go(s);
 }
 
 static void session_leg_end(struct session *s, struct leg *l, int err)
