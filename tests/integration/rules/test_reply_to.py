@@ -1,5 +1,6 @@
 """Reply-address normalisation through the real proxy against a real broker."""
 import threading
+import time
 import uuid
 
 import pika
@@ -21,12 +22,19 @@ def temp_queue(ch):
     return ch.queue_declare(f"acemq-it-{uuid.uuid4().hex[:10]}", auto_delete=False).method.queue
 
 
-def get_direct(q):
-    """What the broker holds, read by a consumer connected straight to it."""
+def get_direct(q, timeout=5.0):
+    """What the broker holds, read by a consumer connected straight to it.
+    The publishes are unconfirmed: one may still be on its way to the queue
+    when the get arrives, so an empty queue is asked again for a while."""
     c = direct()
     try:
         ch = c.channel()
-        m, p, b = ch.basic_get(q, auto_ack=True)
+        deadline = time.monotonic() + timeout
+        while True:
+            m, p, b = ch.basic_get(q, auto_ack=True)
+            if m is not None or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         assert m is not None, "nothing in " + q
         return p, b
     finally:
