@@ -8,6 +8,7 @@
 #include "debug.h"
 #include "log.h"
 #include "rules.h"
+#include "settle.h"
 #include "worker.h"
 
 #include <event2/buffer.h>
@@ -845,6 +846,20 @@ int pipeline_settle_gate(struct pipeline *p, struct channel *ch, amqp_method_num
 void pipeline_settle_release(struct pipeline *p)
 {
 	pipeline_wake(p, DIR_TO_BROKER);
+}
+
+int pipeline_confirm_hold(struct pipeline *p, struct channel *ch, uint64_t broker_seq)
+{
+	(void)p;
+	return ch->confirm_mode ? confirmmap_hold(&ch->confirms, broker_seq) : -1;
+}
+
+void pipeline_confirm_release(struct pipeline *p, uint16_t channel, uint64_t broker_seq)
+{
+	struct channel *ch = pipeline_channel(p, channel);
+
+	if (ch != NULL)
+		settle_confirm_release(p, ch, broker_seq);
 }
 
 void pipeline_channel_closed(struct pipeline *p, struct channel *ch)

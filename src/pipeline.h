@@ -282,5 +282,12 @@ int pipeline_settle_gate(struct pipeline *p, struct channel *ch, amqp_method_num
 			 uint64_t client_tag, int multiple);
 /* For hooks: a settle that waited may be asked about again. */
 void pipeline_settle_release(struct pipeline *p);
+/* For hooks: the client's confirm of a publish forwarded as broker_seq
+ * (pipe_hook.published) also waits for pipeline_confirm_release. 0, or -1
+ * (then it goes when the broker's does). */
+int pipeline_confirm_hold(struct pipeline *p, struct channel *ch, uint64_t broker_seq);
+/* The hold is over: the broker's answer, if it came, goes to the client;
+ * nothing when the channel closed since. */
+void pipeline_confirm_release(struct pipeline *p, uint16_t channel, uint64_t broker_seq);
 
 #endif

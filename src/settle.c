@@ -126,5 +126,21 @@ int settle_broker_confirm(struct pipeline *p, struct channel *ch, amqp_method_nu
 		confirmmap_covered(&ch->confirms, tag, multiple, settle_publish_outcome, &n);
 	if (e.out == NULL)
 		return 0; /* the client is gone: nothing to tell it */
-	return confirmmap_settle(&ch->confirms, tag, multiple, settle_emit, &e) != 0 ? -1 : 0;
+	return confirmmap_settle(&ch->confirms, tag, multiple, n.acked, settle_emit, &e) != 0
+		   ? -1
+		   : 0;
+}
+
+void settle_confirm_release(struct pipeline *p, struct channel *ch, uint64_t broker_seq)
+{
+	struct settle_emit e = {pipeline_out(p, DIR_TO_CLIENT), ch->id, AMQP_BASIC_ACK_METHOD,
+				0};
+	uint64_t client;
+	int outcome = confirmmap_release(&ch->confirms, broker_seq, &client);
+
+	if (outcome <= CONFIRM_NONE || e.out == NULL)
+		return; /* not held, or the broker's confirm is still to come */
+	if (outcome == CONFIRM_NACKED)
+		e.id = AMQP_BASIC_NACK_METHOD;
+	settle_emit(&e, client, 0);
 }

@@ -5,6 +5,7 @@
 
 #include <amqp.h>
 #include <stddef.h>
+#include <stdint.h>
 
 struct pipeline;
 struct channel;
@@ -21,5 +22,8 @@ int settle_client(struct pipeline *p, struct channel *ch, amqp_method_number_t i
  * never given (the caller logs it). */
 int settle_broker_confirm(struct pipeline *p, struct channel *ch, amqp_method_number_t id,
 			  void *decoded);
+/* A held confirm (confirmmap_hold) is let go: if the broker answered it,
+ * its client now hears the answer. */
+void settle_confirm_release(struct pipeline *p, struct channel *ch, uint64_t broker_seq);
 
 #endif

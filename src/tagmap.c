@@ -243,6 +243,7 @@ void confirmmap_init(struct confirmmap *cm)
 void confirmmap_reset(struct confirmmap *cm)
 {
 	tagmap_pairs_free(&cm->out);
+	free(cm->held);
 	confirmmap_init(cm);
 }
 
@@ -260,10 +261,68 @@ uint64_t confirmmap_answer(struct confirmmap *cm)
 	return ++cm->next_client;
 }
 
-int confirmmap_settle(struct confirmmap *cm, uint64_t broker_seq, int multiple,
+static struct confirmhold *confirmmap_held(struct confirmmap *cm, uint64_t broker_seq)
+{
+	size_t lo = 0, hi = cm->nheld;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+
+		if (cm->held[mid].broker == broker_seq)
+			return &cm->held[mid];
+		if (cm->held[mid].broker < broker_seq)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return NULL;
+}
+
+/* A multiple confirm that reaches a held publish: what lies below the
+ * lowest held one goes as one multiple confirm, every other one alone,
+ * and the held ones keep the broker's outcome. */
+static int confirmmap_settle_around(struct confirmmap *cm, uint64_t broker_seq, int acked,
+				    tagmap_emit_fn emit, void *arg)
+{
+	struct tagmap_pairs *p = &cm->out;
+	uint64_t lowest = cm->held[0].broker, top = 0;
+	struct confirmhold *h;
+	size_t i;
+	int any = 0;
+
+	for (i = 0; i < p->len; i++) {
+		uint64_t *pair = tagmap_at(p, i);
+
+		if (pair[SIDE_BROKER] == 0)
+			continue;
+		if (pair[SIDE_BROKER] > broker_seq)
+			break;
+		if (pair[SIDE_BROKER] < lowest) {
+			top = pair[SIDE_CLIENT];
+		} else {
+			if (top) {
+				emit(arg, top, 1);
+				top = 0;
+			}
+			if ((h = confirmmap_held(cm, pair[SIDE_BROKER])) != NULL)
+				h->outcome = acked ? CONFIRM_ACKED : CONFIRM_NACKED;
+			else
+				emit(arg, pair[SIDE_CLIENT], 0);
+		}
+		pair[SIDE_BROKER] = 0;
+		any = 1;
+	}
+	if (top)
+		emit(arg, top, 1);
+	tagmap_trim(p);
+	return any ? 0 : -1;
+}
+
+int confirmmap_settle(struct confirmmap *cm, uint64_t broker_seq, int multiple, int acked,
 		      tagmap_emit_fn emit, void *arg)
 {
 	struct tagmap_pairs *p = &cm->out;
+	struct confirmhold *h;
 	uint64_t top = 0;
 	size_t i;
 	long at;
@@ -272,11 +331,16 @@ int confirmmap_settle(struct confirmmap *cm, uint64_t broker_seq, int multiple,
 		at = tagmap_find(p, SIDE_BROKER, broker_seq);
 		if (at < 0)
 			return -1;
-		emit(arg, tagmap_at(p, (size_t)at)[SIDE_CLIENT], 0);
+		if ((h = confirmmap_held(cm, broker_seq)) != NULL)
+			h->outcome = acked ? CONFIRM_ACKED : CONFIRM_NACKED;
+		else
+			emit(arg, tagmap_at(p, (size_t)at)[SIDE_CLIENT], 0);
 		tagmap_at(p, (size_t)at)[SIDE_BROKER] = 0;
 		tagmap_trim(p);
 		return 0;
 	}
+	if (cm->nheld > 0 && cm->held[0].broker <= broker_seq)
+		return confirmmap_settle_around(cm, broker_seq, acked, emit, arg);
 	/* Client seqs the proxy answered were confirmed at once, so a multiple
 	 * confirm up to the highest forwarded one covers exactly these. */
 	for (i = 0; i < p->len; i++) {
@@ -294,6 +358,47 @@ int confirmmap_settle(struct confirmmap *cm, uint64_t broker_seq, int multiple,
 		return -1;
 	emit(arg, top, 1);
 	return 0;
+}
+
+int confirmmap_hold(struct confirmmap *cm, uint64_t broker_seq)
+{
+	struct tagmap_pairs *p = &cm->out;
+	uint64_t client = 0;
+	size_t i;
+
+	/* Held as it is forwarded: its pair is at the end. */
+	for (i = p->len; i > 0; i--)
+		if (tagmap_at(p, i - 1)[SIDE_BROKER] == broker_seq) {
+			client = tagmap_at(p, i - 1)[SIDE_CLIENT];
+			break;
+		}
+	if (client == 0 || (cm->nheld > 0 && cm->held[cm->nheld - 1].broker >= broker_seq))
+		return -1;
+	if (cm->nheld == cm->capheld) {
+		size_t ncap = cm->capheld ? cm->capheld * 2 : 16;
+		struct confirmhold *nh = realloc(cm->held, ncap * sizeof(*nh));
+
+		if (nh == NULL)
+			return -1;
+		cm->held = nh;
+		cm->capheld = ncap;
+	}
+	cm->held[cm->nheld++] = (struct confirmhold){broker_seq, client, CONFIRM_NONE};
+	return 0;
+}
+
+int confirmmap_release(struct confirmmap *cm, uint64_t broker_seq, uint64_t *client)
+{
+	struct confirmhold *h = confirmmap_held(cm, broker_seq);
+	int outcome;
+
+	if (h == NULL)
+		return -1;
+	outcome = h->outcome;
+	*client = h->client;
+	memmove(h, h + 1, (size_t)(cm->held + cm->nheld - (h + 1)) * sizeof(*h));
+	cm->nheld--;
+	return outcome;
 }
 
 void confirmmap_covered(const struct confirmmap *cm, uint64_t broker_seq, int multiple,
@@ -321,6 +426,8 @@ int confirmmap_pending(const struct confirmmap *cm)
 {
 	size_t i;
 
+	if (cm->nheld > 0)
+		return 1;
 	for (i = 0; i < cm->out.len; i++)
 		if (cm->out.v[(cm->out.head + i) % cm->out.cap][SIDE_BROKER] != 0)
 			return 1;

@@ -20,10 +20,21 @@ struct tagmap {
 	uint64_t next_client; /* last client delivery tag issued */
 };
 
+/* A forwarded publish whose client confirm also waits for the proxy (its
+ * record written): the broker's answer is kept here until it is released. */
+struct confirmhold {
+	uint64_t broker, client;
+	int outcome; /* CONFIRM_* */
+};
+
+enum { CONFIRM_NONE = 0, CONFIRM_ACKED = 1, CONFIRM_NACKED = 2 };
+
 struct confirmmap {
-	struct tagmap_pairs out; /* forwarded publishes awaiting the broker */
-	uint64_t next_client;    /* last client publish sequence number */
-	uint64_t next_broker;    /* last broker publish sequence number */
+	struct tagmap_pairs out;  /* forwarded publishes awaiting the broker */
+	uint64_t next_client;     /* last client publish sequence number */
+	uint64_t next_broker;     /* last broker publish sequence number */
+	struct confirmhold *held; /* ascending by broker */
+	size_t nheld, capheld;
 };
 
 /* Emit one broker-side (or client-side) settle: tag and multiple flag. */
@@ -54,11 +65,20 @@ void confirmmap_reset(struct confirmmap *cm);
 uint64_t confirmmap_forward(struct confirmmap *cm);
 /* A publish is answered by the proxy: returns its client sequence number. */
 uint64_t confirmmap_answer(struct confirmmap *cm);
-/* The broker confirmed broker_seq (multiple as in basic.ack): emits the
- * client-side confirms. -1 if nothing matched. */
-int confirmmap_settle(struct confirmmap *cm, uint64_t broker_seq, int multiple,
+/* The broker confirmed broker_seq (multiple as in basic.ack; acked 0 for a
+ * nack): emits the client-side confirms, each held one kept back until it
+ * is released. -1 if nothing matched. */
+int confirmmap_settle(struct confirmmap *cm, uint64_t broker_seq, int multiple, int acked,
 		      tagmap_emit_fn emit, void *arg);
-/* Whether a forwarded publish still waits for the broker's answer. */
+/* The client's confirm of forwarded broker_seq waits for a release too.
+ * 0, or -1 (not forwarded, already held, or out of memory). */
+int confirmmap_hold(struct confirmmap *cm, uint64_t broker_seq);
+/* Let a held confirm go: CONFIRM_NONE while the broker has not answered
+ * (its confirm then goes as any other), else the broker's outcome, to be
+ * sent now for *client; -1 if broker_seq is not held. */
+int confirmmap_release(struct confirmmap *cm, uint64_t broker_seq, uint64_t *client);
+/* Whether a forwarded publish still waits for the broker's answer or a
+ * release. */
 int confirmmap_pending(const struct confirmmap *cm);
 /* The broker sequence numbers a confirm of broker_seq (multiple as in
  * basic.ack) covers, without settling: fn for each, in order. */

@@ -4,17 +4,23 @@
  * replacing each with "LENGTH:FNV1A64HEX" so a test can tell the proxy held
  * none of it. Sessions on a vhost whose name starts with "plain" are left
  * alone; on one whose name starts with "closer", a channel's close closes
- * the connection from inside the hook. */
+ * the connection from inside the hook. Apart from it, with
+ * ACEMQ_PROXY_TEST_COMMIT_DELAY_MS each group commit of the delayed
+ * messages' records waits that long first, so that a test can tell what
+ * waits for a record. */
 #include "hooks.h"
 
 #include "channel.h"
 #include "log.h"
 #include "pipeline.h"
+#include "store/delayed.h"
+#include "store/state.h"
 
 #include <event2/buffer.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 struct testhook_stream {
 	uint64_t len;
@@ -144,8 +150,41 @@ static const struct pipe_hook testhook = {
     .channel_closed = testhook_channel_closed,
 };
 
+static unsigned testhook_commit_delay_ms;
+
+static int testhook_commit_sleep(void *arg)
+{
+	(void)arg;
+	usleep(testhook_commit_delay_ms * 1000u);
+	return 0;
+}
+
+/* Installs the delay once the records' state is open; never attaches. */
+static void *testhook_delay_attach(struct pipeline *p)
+{
+	static int installed;
+
+	(void)p;
+	if (delayed_state() != NULL && !__atomic_exchange_n(&installed, 1, __ATOMIC_SEQ_CST))
+		state_test_commit_hook(delayed_state(), testhook_commit_sleep, NULL);
+	return NULL;
+}
+
+static const struct pipe_hook testhook_delay = {
+    .name = "testhook-commit-delay",
+    .attach = testhook_delay_attach,
+};
+
 void testhook_register(void)
 {
+	const char *delay = getenv("ACEMQ_PROXY_TEST_COMMIT_DELAY_MS");
+
+	if (delay && atoi(delay) > 0) {
+		testhook_commit_delay_ms = (unsigned)atoi(delay);
+		log_warning("test hook: each commit of delayed messages' records waits %u ms",
+			    testhook_commit_delay_ms);
+		pipeline_register(&testhook_delay);
+	}
 	if (getenv("ACEMQ_PROXY_TEST_HOOK") && getenv("ACEMQ_PROXY_TEST_HOOK")[0] == '1') {
 		log_warning("test hook enabled: every 3rd delivery swallowed, "
 			    "every 5th publish answered");

@@ -6,7 +6,7 @@
  * claim_check (a filesystem store; store jobs run inline and complete
  * later on the loop), idempotency, dedup_publish and schedule patterns
  * (keys, windows and delayed records in a state layer of their own; the
- * records of delayed publishes looked ahead at) and the test hook
+ * confirms of delayed publishes held for their records) and the test hook
  * attached. A scripted broker answers the
  * handshake so inputs reach OPEN and the pipeline quickly.
  *

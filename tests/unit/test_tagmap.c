@@ -160,16 +160,16 @@ START_TEST(confirms_with_answered_publishes)
 		ck_assert_uint_eq(c, i);
 	}
 	/* The broker saw 8 publishes: its ack 3 is the client's 3. */
-	ck_assert_int_eq(confirmmap_settle(&cm, 3, 0, record, &r), 0);
+	ck_assert_int_eq(confirmmap_settle(&cm, 3, 0, 1, record, &r), 0);
 	ck_assert_uint_eq(r.tag[0], 3);
 	/* broker 5 = client 6 */
-	ck_assert_int_eq(confirmmap_settle(&cm, 5, 1, record, &r), 0);
+	ck_assert_int_eq(confirmmap_settle(&cm, 5, 1, 1, record, &r), 0);
 	ck_assert_uint_eq(r.tag[1], 6);
 	ck_assert_int_eq(r.multiple[1], 1);
 	/* broker 8 = client 9, multiple */
-	ck_assert_int_eq(confirmmap_settle(&cm, 8, 1, record, &r), 0);
+	ck_assert_int_eq(confirmmap_settle(&cm, 8, 1, 1, record, &r), 0);
 	ck_assert_uint_eq(r.tag[2], 9);
-	ck_assert_int_eq(confirmmap_settle(&cm, 8, 0, record, &r), -1);
+	ck_assert_int_eq(confirmmap_settle(&cm, 8, 0, 1, record, &r), -1);
 	confirmmap_reset(&cm);
 }
 END_TEST
@@ -196,7 +196,7 @@ START_TEST(confirms_covered)
 	confirmmap_covered(&cm, 2, 0, covered, &r);
 	ck_assert_int_eq(r.n, 1);
 	ck_assert_uint_eq(r.tag[0], 2);
-	ck_assert_int_eq(confirmmap_settle(&cm, 2, 0, record, &sink), 0);
+	ck_assert_int_eq(confirmmap_settle(&cm, 2, 0, 1, record, &sink), 0);
 	/* Settled ones are not covered again; multiple covers the rest below. */
 	r.n = 0;
 	confirmmap_covered(&cm, 4, 1, covered, &r);
@@ -204,13 +204,73 @@ START_TEST(confirms_covered)
 	ck_assert_uint_eq(r.tag[0], 1);
 	ck_assert_uint_eq(r.tag[1], 3);
 	ck_assert_uint_eq(r.tag[2], 4);
-	ck_assert_int_eq(confirmmap_settle(&cm, 4, 1, record, &sink), 0);
+	ck_assert_int_eq(confirmmap_settle(&cm, 4, 1, 1, record, &sink), 0);
 	r.n = 0;
 	confirmmap_covered(&cm, 4, 0, covered, &r);
 	ck_assert_int_eq(r.n, 0);
 	confirmmap_covered(&cm, 9, 1, covered, &r);
 	ck_assert_int_eq(r.n, 1);
 	ck_assert_uint_eq(r.tag[0], 5);
+	confirmmap_reset(&cm);
+}
+END_TEST
+
+/* Client publishes 1..8, the proxy answers 2 itself (broker 1..7); the
+ * client's confirms of broker 3 and 5 also wait for a release. */
+START_TEST(confirms_held_until_released)
+{
+	struct confirmmap cm;
+	struct rec r = {.n = 0};
+	uint64_t i, client = 0;
+
+	confirmmap_init(&cm);
+	for (i = 1; i <= 8; i++) {
+		if (i == 2) {
+			confirmmap_answer(&cm);
+			continue;
+		}
+		confirmmap_forward(&cm);
+		if (cm.next_broker == 3 || cm.next_broker == 5)
+			ck_assert_int_eq(confirmmap_hold(&cm, cm.next_broker), 0);
+	}
+	/* Held twice, or out of order: refused. */
+	ck_assert_int_eq(confirmmap_hold(&cm, 5), -1);
+	ck_assert_int_eq(confirmmap_hold(&cm, 4), -1);
+	ck_assert_int_eq(confirmmap_pending(&cm), 1);
+	/* A multiple ack of broker 1..6: 1..2 (client 1..3) at once as one,
+	 * 4 and 6 alone (client 5 and 7), 3 and 5 kept. */
+	ck_assert_int_eq(confirmmap_settle(&cm, 6, 1, 1, record, &r), 0);
+	ck_assert_int_eq(r.n, 3);
+	ck_assert_uint_eq(r.tag[0], 3);
+	ck_assert_int_eq(r.multiple[0], 1);
+	ck_assert_uint_eq(r.tag[1], 5);
+	ck_assert_int_eq(r.multiple[1], 0);
+	ck_assert_uint_eq(r.tag[2], 7);
+	ck_assert_int_eq(r.multiple[2], 0);
+	/* Released: the broker's ack goes now, for its client number. */
+	ck_assert_int_eq(confirmmap_release(&cm, 5, &client), CONFIRM_ACKED);
+	ck_assert_uint_eq(client, 6);
+	ck_assert_int_eq(confirmmap_release(&cm, 5, &client), -1);
+	/* Still held below: a multiple ack of 7 goes alone. */
+	ck_assert_int_eq(confirmmap_settle(&cm, 7, 1, 1, record, &r), 0);
+	ck_assert_int_eq(r.n, 4);
+	ck_assert_uint_eq(r.tag[3], 8);
+	ck_assert_int_eq(r.multiple[3], 0);
+	ck_assert_int_eq(confirmmap_release(&cm, 3, &client), CONFIRM_ACKED);
+	ck_assert_uint_eq(client, 4);
+	ck_assert_int_eq(confirmmap_pending(&cm), 0);
+	/* Released before the broker answered: its confirm then goes as
+	 * any other; a nack kept back stays a nack. */
+	confirmmap_forward(&cm); /* broker 8, client 9 */
+	confirmmap_forward(&cm); /* broker 9, client 10 */
+	ck_assert_int_eq(confirmmap_hold(&cm, 8), 0);
+	ck_assert_int_eq(confirmmap_hold(&cm, 9), 0);
+	ck_assert_int_eq(confirmmap_release(&cm, 8, &client), CONFIRM_NONE);
+	ck_assert_int_eq(confirmmap_settle(&cm, 9, 1, 0, record, &r), 0);
+	ck_assert_int_eq(r.n, 5);
+	ck_assert_uint_eq(r.tag[4], 9);
+	ck_assert_int_eq(confirmmap_release(&cm, 9, &client), CONFIRM_NACKED);
+	ck_assert_uint_eq(client, 10);
 	confirmmap_reset(&cm);
 }
 END_TEST
@@ -227,5 +287,6 @@ int main(void)
 	tcase_add_test(tc, many_outstanding_grow);
 	tcase_add_test(tc, confirms_with_answered_publishes);
 	tcase_add_test(tc, confirms_covered);
+	tcase_add_test(tc, confirms_held_until_released);
 	return unit_run("tagmap", tc, 1);
 }

@@ -340,3 +340,45 @@ def test_bad_input_gets_4xx(ops):
     assert ops.proc.poll() is None
     status, _ = request(ops.admin_port, "GET", "/health")
     assert status == 200
+
+
+def test_confirm_of_a_delayed_publish_waits_for_its_record(ops, monkeypatch):
+    """A rewritten publish is forwarded while its record is written, and its
+    client's confirm waits for the record: with each commit of the records
+    held back 400 ms (the test build's ACEMQ_PROXY_TEST_COMMIT_DELAY_MS), an
+    undelayed publish sent after a delayed one on the same channel is
+    confirmed first, alone (a multiple ack would cover the delayed one), and
+    the delayed one's confirm comes only once its record is listed. (A
+    proxy of its own beside ops's, on the same vhost.)"""
+    import rulesproxy
+    monkeypatch.setattr(rulesproxy, "PROXY", os.environ.get("ACEMQ_PROXY_TEST", rulesproxy.PROXY))
+    monkeypatch.setenv("ACEMQ_PROXY_TEST_COMMIT_DELAY_MS", "400")
+    top = tempfile.mkdtemp(prefix="acemq-sched-hold-")
+    rules = os.path.join(top, "rules")
+    os.makedirs(rules)
+    with open(os.path.join(rules, "ops.json"), "w") as f:
+        f.write(RULES)
+    p = Proxy(rules, os.path.join(top, "data"), extra=["--admin-token", TOKEN])
+    try:
+        assert support.wait_until(lambda: engine(p).get("ladder_ready") == 1, 20), p.stderr()
+        assert "waits 400 ms" in p.stderr()
+        q = fresh_queue("hold")
+        c = wire.RawClient(p.port).handshake(vhost=VHOST)
+        c.channel_open(1)
+        c.confirm_select(1)
+        t0 = time.monotonic()
+        c.publish(1, q, b"later", {"message_id": "held-1", "headers": {"x-delay": 600000}},
+                  exchange=EXCHANGE)
+        c.publish(1, q, b"now", {"message_id": "plain-2"}, exchange=EXCHANGE)
+        acked, nacked, frames = wire.collect_confirms(c, 1, 2, timeout=20)
+        assert acked == {1, 2} and not nacked
+        assert [(t, m) for _, t, m in frames] == [(2, False), (1, False)], frames
+        # The undelayed one reached its queue at once; the delayed one's
+        # record was there before its confirm.
+        assert time.monotonic() - t0 >= 0.35
+        assert [e["message_id"] for e in pending_for(p, q)] == ["held-1"]
+        assert len(drain(q, 1, 5)) == 1
+        c.close_socket()
+    finally:
+        check_stopped(p)
+        shutil.rmtree(top, ignore_errors=True)
