@@ -37,6 +37,8 @@
 /* Unused queues left by an interrupted run expire on the broker. */
 #define BENCH_QUEUE_EXPIRES_MS 600000
 
+#define BENCH_HEADERS_MAX 8
+
 struct bench_opts {
 	const char *host;
 	int port;
@@ -53,6 +55,8 @@ struct bench_opts {
 	const char *cacert;                 /* TLS: the CA the server is verified against */
 	const char *id_header;              /* each publish carries a unique value in it */
 	const char *reply_to;               /* each publish carries this reply-to */
+	amqp_table_entry_t headers[BENCH_HEADERS_MAX]; /* --header: on every publish */
+	int nheaders;
 	int persistent;                     /* delivery_mode 2 on a durable queue */
 	const char *queue_type;             /* x-queue-type of the queue (NULL: the broker's) */
 	int window;
@@ -586,10 +590,10 @@ static void bench_publish_loop(struct bench_worker *w, uint64_t start, uint64_t 
 		if (stamp)
 			memcpy(body.bytes, &now, sizeof(now));
 		if (bench_opts.message_ids || bench_opts.delay_ms > 0 || bench_opts.id_header ||
-		    bench_opts.persistent || bench_opts.reply_to) {
+		    bench_opts.persistent || bench_opts.reply_to || bench_opts.nheaders) {
 			char id[48];
 			amqp_basic_properties_t props;
-			amqp_table_entry_t hdr[2];
+			amqp_table_entry_t hdr[2 + BENCH_HEADERS_MAX];
 
 			props._flags = 0;
 			props.headers.num_entries = 0;
@@ -624,6 +628,9 @@ static void bench_publish_loop(struct bench_worker *w, uint64_t start, uint64_t 
 				hdr[props.headers.num_entries++].value.value.bytes =
 				    amqp_cstring_bytes(id);
 			}
+			memcpy(hdr + props.headers.num_entries, bench_opts.headers,
+			       (size_t)bench_opts.nheaders * sizeof(hdr[0]));
+			props.headers.num_entries += bench_opts.nheaders;
 			if (props.headers.num_entries)
 				props._flags |= AMQP_BASIC_HEADERS_FLAG;
 			rc = amqp_basic_publish(w->conn, 1, exchange, rkey, 0, 0, &props, body);
@@ -1282,6 +1289,8 @@ static void bench_usage(FILE *out)
 	    "      --tls-ca FILE        connect with TLS, the server verified against FILE\n"
 	    "      --id-header NAME     give each publish a unique value in header NAME\n"
 	    "      --reply-to NAME      give each publish the reply-to property NAME\n"
+	    "      --header NAME=VALUE  give each publish this header (a string; i:N for a\n"
+	    "                           64-bit integer); repeated, up to 8\n"
 	    "  -a, --auto-ack           consumers use auto-ack (default: manual acks)\n"
 	    "      --ack-every N        ack every Nth delivery with multiple=true (default 1)\n"
 	    "  -q, --prefetch N         basic.qos prefetch count, 0 unlimited (default 100)\n"
@@ -1396,6 +1405,7 @@ enum {
 	BENCH_OPT_TLS_CA,
 	BENCH_OPT_ID_HEADER,
 	BENCH_OPT_REPLY_TO,
+	BENCH_OPT_HEADER,
 	BENCH_OPT_PERSISTENT,
 	BENCH_OPT_QUEUE_TYPE,
 };
@@ -1421,6 +1431,7 @@ static const struct option bench_long_opts[] = {
     {"tls-ca", required_argument, NULL, BENCH_OPT_TLS_CA},
     {"id-header", required_argument, NULL, BENCH_OPT_ID_HEADER},
     {"reply-to", required_argument, NULL, BENCH_OPT_REPLY_TO},
+    {"header", required_argument, NULL, BENCH_OPT_HEADER},
     {"auto-ack", no_argument, NULL, 'a'},
     {"ack-every", required_argument, NULL, BENCH_OPT_ACK_EVERY},
     {"prefetch", required_argument, NULL, 'q'},
@@ -1437,6 +1448,30 @@ static const struct option bench_long_opts[] = {
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
+
+/* --header NAME=VALUE: a string, or i:N a 64-bit integer. 0, or -1. */
+static int bench_header(char *arg)
+{
+	amqp_table_entry_t *e = &bench_opts.headers[bench_opts.nheaders];
+	char *eq = strchr(arg, '=');
+
+	if (eq == NULL || eq == arg || bench_opts.nheaders >= BENCH_HEADERS_MAX) {
+		fprintf(stderr, "acemq-bench: --header NAME=VALUE, at most %d\n",
+			BENCH_HEADERS_MAX);
+		return -1;
+	}
+	*eq++ = 0;
+	e->key = amqp_cstring_bytes(arg);
+	if (strncmp(eq, "i:", 2) == 0) {
+		e->value.kind = AMQP_FIELD_KIND_I64;
+		e->value.value.i64 = strtoll(eq + 2, NULL, 10);
+	} else {
+		e->value.kind = AMQP_FIELD_KIND_UTF8;
+		e->value.value.bytes = amqp_cstring_bytes(eq);
+	}
+	bench_opts.nheaders++;
+	return 0;
+}
 
 static int bench_parse_args(int argc, char **argv)
 {
@@ -1511,6 +1546,10 @@ static int bench_parse_args(int argc, char **argv)
 			break;
 		case BENCH_OPT_REPLY_TO:
 			bench_opts.reply_to = optarg;
+			break;
+		case BENCH_OPT_HEADER:
+			if (bench_header(optarg) != 0)
+				return -1;
 			break;
 		case 'a':
 			bench_opts.auto_ack = 1;
