@@ -155,10 +155,12 @@ static int pool_mux_queue(struct pool_att *a, struct pool_slot *sl, uint16_t n,
 	return refused;
 }
 
-/* Whether the whole publish starting at the front of out is there (or is
- * too large to wait for: it streams). */
+/* Whether the whole publish starting at the front of out is there (1, or
+ * too large to wait for: it streams), not yet (0), or never (-1: another
+ * frame came before its end, *cut bytes: the session ended the client in
+ * the middle of it, and its close follows). */
 static int pool_mux_publish_ready(struct pool_att *a, struct evbuffer *out,
-				  const struct frame_info *fi, uint64_t *body)
+				  const struct frame_info *fi, uint64_t *body, size_t *cut)
 {
 	size_t at = frame_scan_wire_len(fi), hold = (size_t)worker_settings.buffer_limit / 2;
 	uint32_t max = a->conn->frame_max > 8 ? a->conn->frame_max - 8 : a->conn->frame_max;
@@ -168,6 +170,9 @@ static int pool_mux_publish_ready(struct pool_att *a, struct evbuffer *out,
 
 	if (frame_scan_evbuffer(out, at, max, &h) != FRAME_SCAN_OK)
 		return 0;
+	*cut = at;
+	if (h.type != FRAME_HEADER || h.channel != fi->channel)
+		return -1;
 	content_header_peek(h.peek, &cls, &size);
 	*body = size;
 	if (size > hold)
@@ -176,6 +181,9 @@ static int pool_mux_publish_ready(struct pool_att *a, struct evbuffer *out,
 	while (got < size) {
 		if (frame_scan_evbuffer(out, at, max, &b) != FRAME_SCAN_OK)
 			return 0;
+		*cut = at;
+		if (b.type != FRAME_BODY || b.channel != fi->channel)
+			return -1;
 		got += b.size;
 		at += frame_scan_wire_len(&b);
 	}
@@ -252,6 +260,7 @@ static int pool_mux_channel(struct pool_att *a, struct evbuffer *out,
 	uint16_t n = fi->channel, m;
 	struct pool_slot *sl;
 	uint64_t body = 0;
+	size_t cut = 0;
 
 	if (pool_mux_grow(a, n) != 0) {
 		pool_att_close(a, 541, "INTERNAL_ERROR - out of memory");
@@ -349,7 +358,15 @@ static int pool_mux_channel(struct pool_att *a, struct evbuffer *out,
 			evbuffer_drain(out, len);
 			return 0;
 		} else if (id == AMQP_BASIC_PUBLISH_METHOD) {
-			if (!pool_mux_publish_ready(a, out, fi, &body))
+			int ready = pool_mux_publish_ready(a, out, fi, &body, &cut);
+
+			if (ready < 0) {
+				/* Never sent: nothing half-sent on the broker's
+				 * channel. */
+				evbuffer_drain(out, cut);
+				return 0;
+			}
+			if (ready == 0)
 				return 1;
 			sl->content_left = body; /* the header and bodies follow at once */
 		} else if (id == AMQP_CHANNEL_CLOSE_METHOD) {

@@ -413,13 +413,27 @@ struct session *session_new(struct worker *w, int fd, const struct sockaddr *sa,
 	return s;
 }
 
+/* Whether a message towards the broker stopped half way on some channel. */
+static int session_mid_message(const struct session *s)
+{
+	uint32_t i;
+
+	for (i = 0; i < s->nchans; i++)
+		if (s->chans[i] && s->chans[i]->content[DIR_TO_BROKER].expect != EXPECT_METHOD)
+			return 1;
+	return 0;
+}
+
 /* The client vanished (its leg marked eof). An open broker connection is
  * asked to close: the broker handles every frame before a connection.close,
  * where a socket that just ends may lose the publishes it still holds (as
- * it would without the proxy). */
+ * it would without the proxy). Not after half a message: that one is lost
+ * either way, and a pool could not tell the close from the message's
+ * body. */
 static void session_client_gone(struct session *s)
 {
-	if (s->state == SESSION_OPEN && s->upstream.tr && !s->upstream.eof) {
+	if (s->state == SESSION_OPEN && s->upstream.tr && !s->upstream.eof &&
+	    !session_mid_message(s)) {
 		session_shut(s, REPLY_CONNECTION_FORCED, "client connection lost");
 		return;
 	}

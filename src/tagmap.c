@@ -78,6 +78,20 @@ static long tagmap_find(struct tagmap_pairs *p, int side, uint64_t key)
 	return -1;
 }
 
+/* From index *i on, the next pair not settled whose broker side is at most
+ * upto, or NULL (*i then past the last one looked at). */
+static uint64_t *tagmap_next_live(struct tagmap_pairs *p, size_t *i, uint64_t upto)
+{
+	for (; *i < p->len; (*i)++) {
+		uint64_t *pair = tagmap_at(p, *i);
+
+		if (pair[SIDE_BROKER] == 0)
+			continue;
+		return pair[SIDE_BROKER] <= upto ? pair : NULL;
+	}
+	return NULL;
+}
+
 static void tagmap_pairs_free(struct tagmap_pairs *p)
 {
 	free(p->v);
@@ -182,13 +196,9 @@ int tagmap_settle(struct tagmap *tm, uint64_t client_tag, int multiple, tagmap_e
 		for (i = 0; i < p->len && tagmap_at(p, i)[SIDE_BROKER] <= top; i++)
 			tagmap_at(p, i)[SIDE_BROKER] = 0;
 	} else {
-		for (i = 0; i < p->len; i++) {
-			uint64_t *pair = tagmap_at(p, i);
+		uint64_t *pair;
 
-			if (pair[SIDE_BROKER] == 0)
-				continue;
-			if (pair[SIDE_BROKER] > top)
-				break;
+		for (i = 0; (pair = tagmap_next_live(p, &i, top)) != NULL; i++) {
 			emit(arg, pair[SIDE_BROKER], 0);
 			pair[SIDE_BROKER] = 0;
 		}
@@ -287,16 +297,11 @@ static int confirmmap_settle_around(struct confirmmap *cm, uint64_t broker_seq, 
 	struct tagmap_pairs *p = &cm->out;
 	uint64_t lowest = cm->held[0].broker, top = 0;
 	struct confirmhold *h;
+	uint64_t *pair;
 	size_t i;
 	int any = 0;
 
-	for (i = 0; i < p->len; i++) {
-		uint64_t *pair = tagmap_at(p, i);
-
-		if (pair[SIDE_BROKER] == 0)
-			continue;
-		if (pair[SIDE_BROKER] > broker_seq)
-			break;
+	for (i = 0; (pair = tagmap_next_live(p, &i, broker_seq)) != NULL; i++) {
 		if (pair[SIDE_BROKER] < lowest) {
 			top = pair[SIDE_CLIENT];
 		} else {
@@ -323,7 +328,7 @@ int confirmmap_settle(struct confirmmap *cm, uint64_t broker_seq, int multiple, 
 {
 	struct tagmap_pairs *p = &cm->out;
 	struct confirmhold *h;
-	uint64_t top = 0;
+	uint64_t top = 0, *pair;
 	size_t i;
 	long at;
 
@@ -343,13 +348,7 @@ int confirmmap_settle(struct confirmmap *cm, uint64_t broker_seq, int multiple, 
 		return confirmmap_settle_around(cm, broker_seq, acked, emit, arg);
 	/* Client seqs the proxy answered were confirmed at once, so a multiple
 	 * confirm up to the highest forwarded one covers exactly these. */
-	for (i = 0; i < p->len; i++) {
-		uint64_t *pair = tagmap_at(p, i);
-
-		if (pair[SIDE_BROKER] == 0)
-			continue;
-		if (pair[SIDE_BROKER] > broker_seq)
-			break;
+	for (i = 0; (pair = tagmap_next_live(p, &i, broker_seq)) != NULL; i++) {
 		top = pair[SIDE_CLIENT];
 		pair[SIDE_BROKER] = 0;
 	}

@@ -228,6 +228,50 @@ def test_one_client_error_leaves_the_other(pooled):
     assert broker_connections(VHOST_ONE) <= 1
 
 
+def half_a_publish(client, channel, queue, size):
+    """A publish's method and header, and its body but for 8 bytes (fewer
+    than a connection.close would bring, were it taken for the body)."""
+    frames = w.publish_frames(channel, queue, b"x" * size, 131072)
+    body_at = frames.index(bytes([w.FRAME_HEADER]) + struct.pack(">H", channel))
+    header_len = 7 + struct.unpack_from(">I", frames, body_at + 3)[0] + 1
+    client.send(frames[:body_at + header_len] +
+                w.frame(w.FRAME_BODY, channel, b"x" * (size - 8)))
+
+
+@pytest.mark.parametrize("how", ["vanishes", "closed-by-operator"])
+def test_client_gone_half_way_through_a_publish_leaves_the_other(pooled, how):
+    """A client that vanishes in the middle of a publish, or that the
+    operator closes then: nothing of that publish reaches the shared
+    broker connection, whose other client goes on undisturbed."""
+    q = fresh_queue(VHOST_ONE)
+    b = connect(pooled.port, VHOST_ONE)
+    bch = b.channel()
+    bch.confirm_delivery()
+    bch.basic_publish("", q, b"before")
+    a, f = raw_open(pooled.port, VHOST_ONE)
+    assert f.method == w.CONNECTION_OPEN_OK
+    a.channel_open(1)
+    half_a_publish(a, 1, q, 4000)
+    if how == "vanishes":
+        a.close_socket()
+    else:
+        me = "127.0.0.1:%d" % a.sock.getsockname()[1]
+        rows = [r for r in json.loads(admin_get(pooled, "/connections"))["rows"]
+                if r["address"] == me]
+        assert len(rows) == 1, rows
+        status, _ = support.admin_request(pooled.admin, "POST",
+                                          "/connections/%s/close" % rows[0]["id"])
+        assert status == 200
+        frames, _ = a.read_until_eof()
+        assert any(x.method == w.CONNECTION_CLOSE for x in frames)
+    time.sleep(0.5)
+    bch.basic_publish("", q, b"after")
+    assert b.is_open
+    b.close()
+    assert drain(q, VHOST_ONE) == [b"before", b"after"]
+    assert broker_connections(VHOST_ONE) <= 1
+
+
 def test_flow_off_closes_only_its_client(pooled):
     """channel.flow(active=false) is answered by RabbitMQ with 540 on the
     whole connection: through the pool, only the client that sent it."""

@@ -30,17 +30,24 @@ def request(port, method, path, token=TOKEN):
     return support.admin_request(port, method, path, token)
 
 
-@pytest.fixture(scope="module")
-def ops():
-    support.ensure_rabbitmq(60)
-    support.fresh_vhost(VHOST)
-    top = tempfile.mkdtemp(prefix="acemq-sched-ops-")
+def ops_proxy(prefix):
+    """A proxy with the rules of VHOST, its ladder declared; and its
+    directory, for the caller to remove."""
+    top = tempfile.mkdtemp(prefix=prefix)
     rules = os.path.join(top, "rules")
     os.makedirs(rules)
     with open(os.path.join(rules, "ops.json"), "w") as f:
         f.write(RULES)
     p = Proxy(rules, os.path.join(top, "data"), extra=["--admin-token", TOKEN])
     assert support.wait_until(lambda: engine(p).get("ladder_ready") == 1, 20), p.stderr()
+    return p, top
+
+
+@pytest.fixture(scope="module")
+def ops():
+    support.ensure_rabbitmq(60)
+    support.fresh_vhost(VHOST)
+    p, top = ops_proxy("acemq-sched-ops-")
     yield p
     check_stopped(p)
     support.rabbitmqctl("delete_vhost", VHOST, check=False)
@@ -353,14 +360,8 @@ def test_confirm_of_a_delayed_publish_waits_for_its_record(ops, monkeypatch):
     import rulesproxy
     monkeypatch.setattr(rulesproxy, "PROXY", os.environ.get("ACEMQ_PROXY_TEST", rulesproxy.PROXY))
     monkeypatch.setenv("ACEMQ_PROXY_TEST_COMMIT_DELAY_MS", "400")
-    top = tempfile.mkdtemp(prefix="acemq-sched-hold-")
-    rules = os.path.join(top, "rules")
-    os.makedirs(rules)
-    with open(os.path.join(rules, "ops.json"), "w") as f:
-        f.write(RULES)
-    p = Proxy(rules, os.path.join(top, "data"), extra=["--admin-token", TOKEN])
+    p, top = ops_proxy("acemq-sched-hold-")
     try:
-        assert support.wait_until(lambda: engine(p).get("ladder_ready") == 1, 20), p.stderr()
         assert "waits 400 ms" in p.stderr()
         q = fresh_queue("hold")
         c = wire.RawClient(p.port).handshake(vhost=VHOST)
