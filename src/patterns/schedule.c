@@ -32,6 +32,7 @@ struct schedule {
 	struct engine *engine; /* NULL: no credentials of the proxy's own */
 	struct list pending;   /* schedule_pub.node, in the order published */
 	int nrecords;          /* records being written */
+	int unsent;            /* those in pending whose publish is not disposed of */
 };
 
 /* A rewritten publish, from the hook until its record is written and its
@@ -71,9 +72,19 @@ static void *schedule_attach(struct pipeline *p)
 	return st;
 }
 
+/* w's publish is disposed of (forwarded or not). */
+static void schedule_sent(struct schedule *st, struct schedule_pub *w)
+{
+	if (w->m != NULL) {
+		w->m = NULL;
+		st->unsent--;
+	}
+}
+
 /* w is done with: its record written (or none), its publish disposed of. */
 static void schedule_done(struct schedule_pub *w)
 {
+	schedule_sent(w->st, w);
 	list_del(&w->node);
 	free(w);
 }
@@ -83,7 +94,7 @@ static void schedule_done(struct schedule_pub *w)
 static void schedule_give_up(struct schedule *st, struct schedule_pub *w)
 {
 	list_del(&w->node);
-	w->m = NULL;
+	schedule_sent(st, w);
 	if (w->rec != NULL) {
 		st->nrecords--;
 		w->st = NULL;
@@ -308,6 +319,8 @@ static struct schedule_pub *schedule_find(struct schedule *st, const struct pipe
 {
 	struct list *n;
 
+	if (st->unsent == 0)
+		return NULL; /* not a delayed publish, or one forwarded already */
 	/* Most often the last one: a publish is forwarded as it passes. */
 	for (n = st->pending.prev; n != &st->pending; n = n->prev) {
 		struct schedule_pub *w = list_entry(n, struct schedule_pub, node);
@@ -328,7 +341,7 @@ static void schedule_published(void *state, struct pipeline *p, struct channel *
 
 	if (w == NULL)
 		return;
-	w->m = NULL;
+	schedule_sent(st, w);
 	if (!forwarded) {
 		schedule_give_up(st, w);
 		return;
@@ -392,6 +405,7 @@ static enum pipe_verdict schedule_message(void *state, struct pipeline *p, struc
 	w->channel = ch->id;
 	w->rec_rc = STATE_OK;
 	w->m = m;
+	st->unsent++;
 	list_add_tail(&w->node, &st->pending);
 	delayed_key(w->key, due, delayed_nonce());
 	/* The record is made of the publish as it came: before the rewrite. */
