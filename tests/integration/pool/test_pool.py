@@ -200,7 +200,9 @@ def test_changed_password(pooled):
         support.rabbitmqctl("delete_user", USER, check=False)
 
 
-def test_one_client_error_leaves_the_other(pooled):
+def two_on_one_connection(pooled):
+    """A pika client that published "before" with a confirm, and a raw
+    client open on the same (one) broker connection."""
     q = fresh_queue(VHOST_ONE)
     b = connect(pooled.port, VHOST_ONE)
     bch = b.channel()
@@ -208,6 +210,19 @@ def test_one_client_error_leaves_the_other(pooled):
     bch.basic_publish("", q, b"before")
     a, f = raw_open(pooled.port, VHOST_ONE)
     assert f.method == w.CONNECTION_OPEN_OK
+    return q, b, bch, a
+
+
+def the_other_goes_on(q, b, bch):
+    bch.basic_publish("", q, b"after")
+    assert b.is_open
+    b.close()
+    assert drain(q, VHOST_ONE) == [b"before", b"after"]
+    assert broker_connections(VHOST_ONE) <= 1
+
+
+def test_one_client_error_leaves_the_other(pooled):
+    q, b, bch, a = two_on_one_connection(pooled)
     # A publish on a channel never opened: the broker would close the
     # whole (shared) connection; the proxy closes this client only.
     a.send(w.publish_frames(5, q, b"stray", 131072))
@@ -221,11 +236,7 @@ def test_one_client_error_leaves_the_other(pooled):
     frames, _ = c.read_until_eof()
     closes = [x for x in frames if x.method == w.CONNECTION_CLOSE]
     assert closes and w.parse_connection_close(closes[0].args)["reply_code"] == 501
-    bch.basic_publish("", q, b"after")
-    assert b.is_open
-    b.close()
-    assert drain(q, VHOST_ONE) == [b"before", b"after"]
-    assert broker_connections(VHOST_ONE) <= 1
+    the_other_goes_on(q, b, bch)
 
 
 def half_a_publish(client, channel, queue, size):
@@ -243,13 +254,7 @@ def test_client_gone_half_way_through_a_publish_leaves_the_other(pooled, how):
     """A client that vanishes in the middle of a publish, or that the
     operator closes then: nothing of that publish reaches the shared
     broker connection, whose other client goes on undisturbed."""
-    q = fresh_queue(VHOST_ONE)
-    b = connect(pooled.port, VHOST_ONE)
-    bch = b.channel()
-    bch.confirm_delivery()
-    bch.basic_publish("", q, b"before")
-    a, f = raw_open(pooled.port, VHOST_ONE)
-    assert f.method == w.CONNECTION_OPEN_OK
+    q, b, bch, a = two_on_one_connection(pooled)
     a.channel_open(1)
     half_a_publish(a, 1, q, 4000)
     if how == "vanishes":
@@ -265,11 +270,7 @@ def test_client_gone_half_way_through_a_publish_leaves_the_other(pooled, how):
         frames, _ = a.read_until_eof()
         assert any(x.method == w.CONNECTION_CLOSE for x in frames)
     time.sleep(0.5)
-    bch.basic_publish("", q, b"after")
-    assert b.is_open
-    b.close()
-    assert drain(q, VHOST_ONE) == [b"before", b"after"]
-    assert broker_connections(VHOST_ONE) <= 1
+    the_other_goes_on(q, b, bch)
 
 
 def test_flow_off_closes_only_its_client(pooled):
