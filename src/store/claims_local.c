@@ -1,6 +1,7 @@
 /* claims_local: the claim store backends on this host: LMDB (the state
  * layer) and a filesystem directory, written and read in chunks off the
  * workers' loops. */
+#define _GNU_SOURCE /* O_DIRECT */
 #include "claims_backend.h"
 
 #include "../debug.h"
@@ -48,6 +49,31 @@ static void claims_path(char *out, size_t len, const struct claims_where *w, con
 	snprintf(out, len, tmp ? "%s/.%s.partial" : "%s/%s", w->name, key);
 }
 
+/* The filesystem store reads and writes its files with O_DIRECT where the
+ * filesystem allows it: a payload goes between the proxy's buffer and the
+ * disk without a copy through the page cache (which cost more CPU than
+ * anything else the claim check does; docs/performance.md). Buffers,
+ * offsets and lengths are then multiples of CLAIMS_ALIGN; a file's last
+ * block is written whole and the file cut to its size. A filesystem that
+ * refuses O_DIRECT (tmpfs, some network ones) is written through the page
+ * cache as before. */
+#define CLAIMS_ALIGN 4096u
+
+static uint8_t *claims_buf_new(size_t len)
+{
+	void *p;
+
+	return posix_memalign(&p, CLAIMS_ALIGN, len) == 0 ? p : NULL;
+}
+
+/* O_DIRECT on fd turned on (1 if the filesystem took it) or off. */
+static int claims_fs_direct(int fd, int on)
+{
+	int fl = fcntl(fd, F_GETFL);
+
+	return fl >= 0 && fcntl(fd, F_SETFL, on ? fl | O_DIRECT : fl & ~O_DIRECT) == 0 && on;
+}
+
 /* ---- uploads -------------------------------------------------------- */
 
 enum claims_req_kind { CLAIMS_CHUNK_REQ, CLAIMS_FINISH_REQ, CLAIMS_CLEANUP_REQ };
@@ -62,7 +88,8 @@ struct claims_local_upload {
 	uint64_t size;
 	size_t pending;
 	int inflight;
-	int fd; /* filesystem: only touched on the upload's jobs lane */
+	int fd;     /* filesystem: only touched on the upload's jobs lane */
+	int direct; /* ... and so is this: fd is O_DIRECT */
 	uint64_t lane;
 	unsigned abandoned : 1, failed : 1, finishing : 1, durable : 1, cleaning : 1;
 	unsigned submitted : 1; /* something may be in the store */
@@ -79,8 +106,9 @@ struct claims_req {
 	} u;
 	struct claims_local_upload *up;
 	enum claims_req_kind kind;
-	uint8_t *buf;
+	uint8_t *buf; /* CLAIMS_STAGE bytes, CLAIMS_ALIGN aligned */
 	size_t len;
+	uint64_t total; /* finish: the payload's size */
 	uint32_t index;
 	int rc;
 	struct state_op *ops;
@@ -153,20 +181,43 @@ static void claims_req_done(struct worker_call *c)
 }
 
 /* Filesystem operations, on the upload's jobs lane. */
-static int claims_fs_write_all(int fd, const uint8_t *p, size_t n)
+static int claims_fs_write_all(struct claims_local_upload *u, const uint8_t *p, size_t n)
 {
 	while (n > 0) {
-		ssize_t k = write(fd, p, n);
+		ssize_t k = write(u->fd, p, n);
 
 		if (k < 0) {
 			if (errno == EINTR)
 				continue;
+			if (errno == EINVAL && u->direct) {
+				claims_fs_direct(u->fd, 0);
+				u->direct = 0;
+				continue;
+			}
 			return errno == ENOSPC || errno == EDQUOT ? STATE_FULL : STATE_IO;
 		}
 		p += k;
 		n -= (size_t)k;
 	}
 	return 0;
+}
+
+/* The request's bytes; O_DIRECT writes the last block whole (zeros after
+ * the payload, in the stage's room) and the file is then cut to size. */
+static int claims_fs_write(struct claims_local_upload *u, struct claims_req *r)
+{
+	size_t len = r->len, whole = (len + CLAIMS_ALIGN - 1) & ~(size_t)(CLAIMS_ALIGN - 1);
+	int rc;
+
+	if (!u->direct || whole == len)
+		return claims_fs_write_all(u, r->buf, len);
+	/* Only a finishing request is short of a whole stage. */
+	ACEMQ_ASSERT(r->kind == CLAIMS_FINISH_REQ && whole <= CLAIMS_STAGE);
+	memset(r->buf + len, 0, whole - len);
+	rc = claims_fs_write_all(u, r->buf, whole);
+	if (rc == 0 && ftruncate(u->fd, (off_t)r->total) != 0)
+		rc = STATE_IO;
+	return rc;
 }
 
 static void claims_fs_run(struct job *j)
@@ -197,9 +248,10 @@ static void claims_fs_run(struct job *j)
 			r->rc = errno == ENOSPC || errno == EDQUOT ? STATE_FULL : STATE_IO;
 			return;
 		}
+		u->direct = claims_fs_direct(u->fd, 1);
 	}
 	if (r->len)
-		r->rc = claims_fs_write_all(u->fd, r->buf, r->len);
+		r->rc = claims_fs_write(u, r);
 	if (r->rc != 0)
 		u->lane_failed = r->rc;
 	if (r->rc != 0 || r->kind != CLAIMS_FINISH_REQ)
@@ -239,6 +291,7 @@ static void claims_upload_submit(struct claims_local_upload *u, enum claims_req_
 	if (kind != CLAIMS_CLEANUP_REQ && (u->used > 0 || kind == CLAIMS_CHUNK_REQ)) {
 		r->buf = u->buf;
 		r->len = u->used;
+		r->total = u->size;
 		r->index = u->nchunks;
 		u->nchunks += (uint32_t)((u->used + CLAIMS_CHUNK - 1) / CLAIMS_CHUNK);
 		u->buf = NULL;
@@ -342,7 +395,7 @@ static int claims_local_write(struct claims_upload *up, const void *data, size_t
 	while (len > 0) {
 		size_t n;
 
-		if (u->buf == NULL && (u->buf = malloc(CLAIMS_STAGE)) == NULL) {
+		if (u->buf == NULL && (u->buf = claims_buf_new(CLAIMS_STAGE)) == NULL) {
 			u->failed = 1;
 			return -1;
 		}
@@ -426,9 +479,10 @@ struct claims_local_read {
 	int opening, busy, abandoned;
 	int rc;
 	int fd;
+	int direct; /* fd is O_DIRECT */
 	uint64_t size, offset;
 	uint32_t index;
-	uint8_t *buf;
+	uint8_t *buf; /* CLAIMS_CHUNK bytes, CLAIMS_ALIGN aligned */
 	size_t len;
 };
 
@@ -471,6 +525,7 @@ static void claims_read_run(struct job *j)
 			}
 			r->rc = fstat(r->fd, &st) == 0 ? 0 : STATE_IO;
 			r->size = (uint64_t)st.st_size;
+			r->direct = claims_fs_direct(r->fd, 1);
 			return;
 		}
 		r->rc = state_get(claims_state, r->where.name, r->key, CLAIMS_KEY_LEN,
@@ -485,14 +540,21 @@ static void claims_read_run(struct job *j)
 		r->rc = 0;
 		return;
 	}
-	if (r->buf == NULL && (r->buf = malloc(CLAIMS_CHUNK)) == NULL) {
+	if (r->buf == NULL && (r->buf = claims_buf_new(CLAIMS_CHUNK)) == NULL) {
 		r->rc = STATE_IO;
 		return;
 	}
 	if (r->where.type == CLAIMS_FILESYSTEM) {
-		do
+		/* Whole chunks from a multiple of one: aligned for O_DIRECT. */
+		for (;;) {
 			n = read(r->fd, r->buf, CLAIMS_CHUNK);
-		while (n < 0 && errno == EINTR);
+			if (n < 0 && errno == EINVAL && r->direct) {
+				claims_fs_direct(r->fd, 0);
+				r->direct = 0;
+			} else if (n >= 0 || errno != EINTR) {
+				break;
+			}
+		}
 		r->rc = n < 0 ? STATE_IO : 0;
 		r->len = n > 0 ? (size_t)n : 0;
 		if (n == 0 && r->offset < r->size)

@@ -1,7 +1,10 @@
 /* test_claims: the claim stores over a real LMDB environment and a real
  * directory: keys, uploads in pieces read back identical, a payload that
  * does not fit failing without leaving a part behind, an abandoned upload
- * cleaned away, a missing key, the filesystem store's all-or-nothing file. */
+ * cleaned away, a missing key, the filesystem store's all-or-nothing file,
+ * and its files written and read past the page cache (O_DIRECT) whatever
+ * the payload's size against the filesystem's blocks. */
+#define _GNU_SOURCE /* O_DIRECT */
 #include "tests/unit/unit.h"
 
 #include "src/jobs.h"
@@ -14,9 +17,11 @@
 #include <dirent.h>
 #include <event2/event.h>
 #include <event2/thread.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -263,6 +268,93 @@ START_TEST(test_filesystem_round_trip)
 }
 END_TEST
 
+/* Whether files in dir take O_DIRECT (not on tmpfs before Linux 6.6, nor
+ * on some other filesystems): the store then uses the page cache. */
+static int direct_io_works(const char *dir)
+{
+	char path[256];
+	void *b = NULL;
+	int fd, fl, ok;
+
+	snprintf(path, sizeof(path), "%s/.probe", dir);
+	fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+	ck_assert_int_ge(fd, 0);
+	fl = fcntl(fd, F_GETFL);
+	ck_assert_int_eq(posix_memalign(&b, 4096, 4096), 0);
+	memset(b, 1, 4096);
+	ok = fcntl(fd, F_SETFL, fl | O_DIRECT) == 0 && write(fd, b, 4096) == 4096;
+	close(fd);
+	unlink(path);
+	free(b);
+	return ok;
+}
+
+/* Pages of the file at path in the page cache. */
+static size_t resident_pages(const char *path, size_t size)
+{
+	long pg = sysconf(_SC_PAGESIZE);
+	size_t n = (size + (size_t)pg - 1) / (size_t)pg, i, in = 0;
+	unsigned char *vec = malloc(n);
+	int fd = open(path, O_RDONLY);
+	void *m;
+
+	ck_assert_int_ge(fd, 0);
+	m = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
+	ck_assert(m != MAP_FAILED);
+	ck_assert_int_eq(mincore(m, size, vec), 0);
+	for (i = 0; i < n; i++)
+		in += vec[i] & 1;
+	munmap(m, size);
+	close(fd);
+	free(vec);
+	return in;
+}
+
+/* Payloads on both sides of a block and of a stage (4 MiB, one write) come
+ * back whole, in files of exactly their size; where the filesystem takes
+ * O_DIRECT, neither the write nor the read leaves the payload in the page
+ * cache (a truncated last block may be read in to be cut). */
+START_TEST(test_filesystem_sizes_around_blocks)
+{
+	static const size_t sizes[] = {1,        4095,
+				       4096,     4097,
+				       65537,    (4u << 20) - 1,
+				       4u << 20, (4u << 20) + 1,
+				       3u << 20, (9u << 20) + 4097};
+	int direct = direct_io_works(fsdir);
+	struct claims_where w;
+	size_t i;
+
+	where(&w, 1, "/");
+	for (i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+		size_t n = sizes[i];
+		uint8_t *data = pattern(n);
+		struct probe up = {0}, rd = {0};
+		char path[256];
+		struct stat sb;
+
+		upload(&w, data, n, &up);
+		ck_assert_int_eq(up.rc, 0);
+		snprintf(path, sizeof(path), "%s/%s", fsdir, up.key);
+		ck_assert_int_eq(stat(path, &sb), 0);
+		ck_assert_uint_eq((uint64_t)sb.st_size, n);
+		if (direct && n >= (1u << 20))
+			ck_assert_uint_le(resident_pages(path, n), 2);
+		read_back(&w, up.key, &rd);
+		ck_assert_int_eq(rd.open_rc, 0);
+		ck_assert_uint_eq(rd.len, n);
+		ck_assert_msg(memcmp(rd.got, data, n) == 0, "%zu bytes read back differ", n);
+		if (direct && n >= (1u << 20))
+			ck_assert_uint_le(resident_pages(path, n), 2);
+		free(rd.got);
+		free(data);
+	}
+	if (!direct)
+		fprintf(stderr, "test_claims: %s takes no O_DIRECT: the page cache path ran\n",
+			fsdir);
+}
+END_TEST
+
 START_TEST(test_missing_key_and_other_vhost)
 {
 	struct claims_where w, other;
@@ -394,6 +486,7 @@ int main(void)
 	tcase_add_test(tc, test_keys);
 	tcase_add_test(tc, test_lmdb_round_trip);
 	tcase_add_test(tc, test_filesystem_round_trip);
+	tcase_add_test(tc, test_filesystem_sizes_around_blocks);
 	tcase_add_test(tc, test_missing_key_and_other_vhost);
 	tcase_add_test(tc, test_abandoned_upload_cleaned);
 	tcase_add_test(tc, test_filesystem_bad_directory);
