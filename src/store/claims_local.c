@@ -3,6 +3,7 @@
  * workers' loops. */
 #define _GNU_SOURCE /* O_DIRECT */
 #include "claims_backend.h"
+#include "claims_buf.h"
 
 #include "../debug.h"
 #include "../jobs.h"
@@ -30,10 +31,6 @@
  * chunk: a payload without it is partial and never read. */
 #define CLAIMS_META_LEN  20
 #define CLAIMS_CHUNK_KEY (CLAIMS_KEY_LEN + 9)
-/* An upload hands the store this much at a time (one commit, one fsync
- * for four chunks). */
-#define CLAIMS_STAGE_CHUNKS 4u
-#define CLAIMS_STAGE        (CLAIMS_STAGE_CHUNKS * CLAIMS_CHUNK)
 
 static atomic_ullong claims_lanes;
 #define claims_state (claims_state_get())
@@ -52,19 +49,11 @@ static void claims_path(char *out, size_t len, const struct claims_where *w, con
 /* The filesystem store reads and writes its files with O_DIRECT where the
  * filesystem allows it: a payload goes between the proxy's buffer and the
  * disk without a copy through the page cache (which cost more CPU than
- * anything else the claim check does; docs/performance.md). Buffers,
- * offsets and lengths are then multiples of CLAIMS_ALIGN; a file's last
- * block is written whole and the file cut to its size. A filesystem that
- * refuses O_DIRECT (tmpfs, some network ones) is written through the page
- * cache as before. */
-#define CLAIMS_ALIGN 4096u
-
-static uint8_t *claims_buf_new(size_t len)
-{
-	void *p;
-
-	return posix_memalign(&p, CLAIMS_ALIGN, len) == 0 ? p : NULL;
-}
+ * anything else the claim check does; docs/performance.md). Buffers
+ * (claims_buf.h), offsets and lengths are then multiples of CLAIMS_ALIGN;
+ * a file's last block is written whole and the file cut to its size. A
+ * filesystem that refuses O_DIRECT (tmpfs before Linux 6.6, some network
+ * ones) is written through the page cache. */
 
 /* O_DIRECT on fd turned on (1 if the filesystem took it) or off. */
 static int claims_fs_direct(int fd, int on)
@@ -121,7 +110,7 @@ static void claims_upload_submit(struct claims_local_upload *u, enum claims_req_
 static void claims_upload_free(struct claims_local_upload *u)
 {
 	claims_active_remove(u->head.key);
-	free(u->buf);
+	claims_buf_free(u->buf, CLAIMS_STAGE);
 	free(u);
 }
 
@@ -163,7 +152,7 @@ static void claims_req_done(struct worker_call *c)
 	}
 	if (r->kind == CLAIMS_FINISH_REQ && rc == 0 && !u->failed)
 		u->durable = 1;
-	free(r->buf);
+	claims_buf_free(r->buf, CLAIMS_STAGE);
 	free(r->ops);
 	free(r->keys);
 	free(r);
@@ -482,7 +471,8 @@ struct claims_local_read {
 	int direct; /* fd is O_DIRECT */
 	uint64_t size, offset;
 	uint32_t index;
-	uint8_t *buf; /* CLAIMS_CHUNK bytes, CLAIMS_ALIGN aligned */
+	uint8_t *buf; /* cap bytes, CLAIMS_ALIGN aligned */
+	size_t cap;   /* a chunk (LMDB) or a stage (filesystem) */
 	size_t len;
 };
 
@@ -540,14 +530,14 @@ static void claims_read_run(struct job *j)
 		r->rc = 0;
 		return;
 	}
-	if (r->buf == NULL && (r->buf = claims_buf_new(CLAIMS_CHUNK)) == NULL) {
-		r->rc = STATE_IO;
+	if (r->buf == NULL) {
+		r->rc = STATE_IO; /* not had at open */
 		return;
 	}
 	if (r->where.type == CLAIMS_FILESYSTEM) {
-		/* Whole chunks from a multiple of one: aligned for O_DIRECT. */
+		/* Whole stages from a multiple of one: aligned for O_DIRECT. */
 		for (;;) {
-			n = read(r->fd, r->buf, CLAIMS_CHUNK);
+			n = read(r->fd, r->buf, r->cap);
 			if (n < 0 && errno == EINVAL && r->direct) {
 				claims_fs_direct(r->fd, 0);
 				r->direct = 0;
@@ -584,7 +574,7 @@ static void claims_read_free(struct claims_local_read *r)
 {
 	if (r->fd >= 0)
 		close(r->fd);
-	free(r->buf);
+	claims_buf_free(r->buf, r->cap);
 	free(r);
 }
 
@@ -621,6 +611,14 @@ claims_local_read_open(const struct claims_where *where, struct worker *w, const
 	r = calloc(1, sizeof(*r));
 	if (r == NULL)
 		return NULL;
+	/* Taken here, on the worker, where it is given back. */
+	/* A file is read a stage at a time (fewer trips to the disk, which
+	 * O_DIRECT makes every read), LMDB a chunk at a time. */
+	r->cap = where->type == CLAIMS_FILESYSTEM ? CLAIMS_STAGE : CLAIMS_CHUNK;
+	if ((r->buf = claims_buf_new(r->cap)) == NULL) {
+		free(r);
+		return NULL;
+	}
 	r->head.be =
 	    where->type == CLAIMS_FILESYSTEM ? &claims_fs_backend : &claims_lmdb_backend;
 	r->where = *where;

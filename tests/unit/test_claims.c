@@ -10,6 +10,7 @@
 #include "src/jobs.h"
 #include "src/rules.h"
 #include "src/store/claims.h"
+#include "src/store/claims_buf.h"
 #include "src/store/state.h"
 #include "src/worker.h"
 
@@ -222,7 +223,7 @@ static void round_trip(int fs)
 	ck_assert_uint_eq(rd.size, n);
 	ck_assert_uint_eq(rd.len, n);
 	ck_assert(memcmp(rd.got, data, n) == 0);
-	ck_assert_int_ge(rd.chunks, 3);
+	ck_assert_int_ge(rd.chunks, fs ? 1 : 3); /* a file is read 4 MiB at a time */
 	free(rd.got);
 	free(data);
 }
@@ -355,6 +356,39 @@ START_TEST(test_filesystem_sizes_around_blocks)
 }
 END_TEST
 
+/* Buffers are aligned for O_DIRECT, and the last two of a size let go
+ * are the next ones handed out (no fresh pages to fault in). */
+START_TEST(test_buffers_aligned_and_kept)
+{
+	uint8_t *a = claims_buf_new(CLAIMS_STAGE), *b = claims_buf_new(CLAIMS_STAGE);
+	uint8_t *c = claims_buf_new(CLAIMS_STAGE), *r = claims_buf_new(CLAIMS_CHUNK);
+	uint8_t *x, *y, *z, *kept[4];
+	int i;
+
+	/* What earlier tests of this process let go is taken out first. */
+	for (i = 0; i < 4; i++)
+		kept[i] = claims_buf_new(i < 2 ? CLAIMS_STAGE : CLAIMS_CHUNK);
+	ck_assert(a && b && c && r);
+	ck_assert_uint_eq((uintptr_t)a % CLAIMS_ALIGN, 0);
+	ck_assert_uint_eq((uintptr_t)r % CLAIMS_ALIGN, 0);
+	claims_buf_free(a, CLAIMS_STAGE);
+	claims_buf_free(b, CLAIMS_STAGE);
+	claims_buf_free(c, CLAIMS_STAGE); /* a third is freed */
+	claims_buf_free(r, CLAIMS_CHUNK);
+	claims_buf_free(NULL, CLAIMS_CHUNK);
+	x = claims_buf_new(CLAIMS_STAGE);
+	y = claims_buf_new(CLAIMS_STAGE);
+	z = claims_buf_new(CLAIMS_CHUNK);
+	ck_assert(x == b && y == a); /* the last let go first */
+	ck_assert(z == r);
+	claims_buf_free(x, CLAIMS_STAGE);
+	claims_buf_free(y, CLAIMS_STAGE);
+	claims_buf_free(z, CLAIMS_CHUNK);
+	for (i = 0; i < 4; i++)
+		claims_buf_free(kept[i], i < 2 ? CLAIMS_STAGE : CLAIMS_CHUNK);
+}
+END_TEST
+
 START_TEST(test_missing_key_and_other_vhost)
 {
 	struct claims_where w, other;
@@ -484,6 +518,7 @@ int main(void)
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, test_keys);
+	tcase_add_test(tc, test_buffers_aligned_and_kept);
 	tcase_add_test(tc, test_lmdb_round_trip);
 	tcase_add_test(tc, test_filesystem_round_trip);
 	tcase_add_test(tc, test_filesystem_sizes_around_blocks);
