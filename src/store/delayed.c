@@ -71,12 +71,23 @@ uint64_t delayed_key_nonce(const uint8_t key[DELAYED_KEY_LEN])
 	return delayed_be64(key + 8);
 }
 
+/* Nonces are drawn from the random generator this many at a time: one
+ * call for each is an eighth of the proxy's CPU for delayed publishes
+ * (OpenSSL's generator sets itself up again on every call). */
+#define DELAYED_NONCES 64
+
 uint64_t delayed_nonce(void)
 {
+	static __thread uint64_t pool[DELAYED_NONCES];
+	static __thread int left;
 	static uint64_t fallback;
-	uint64_t n = 0;
+	uint64_t n;
 
-	if (RAND_bytes((unsigned char *)&n, sizeof(n)) != 1)
+	if (left == 0 && RAND_bytes((unsigned char *)pool, sizeof(pool)) == 1)
+		left = DELAYED_NONCES;
+	if (left > 0)
+		n = pool[--left];
+	else
 		n = __atomic_add_fetch(&fallback, 1, __ATOMIC_RELAXED) ^ state_now_ms() << 20;
 	return n ? n : 1;
 }

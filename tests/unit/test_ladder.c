@@ -220,6 +220,18 @@ START_TEST(test_id_travels_and_goes_on_delivery)
 	ck_assert_int_eq(delayed_parse_id("0000018BCFE5687B0102030405060708", 32, back), -1);
 	ck_assert_int_eq(delayed_parse_id("0000018bcfe5687b010203040506070g", 32, back), -1);
 	ck_assert(delayed_nonce() != 0);
+	{
+		/* Drawn in batches: across several batches, none repeats. */
+		uint64_t seen[300];
+		int i, j;
+
+		for (i = 0; i < 300; i++) {
+			seen[i] = delayed_nonce();
+			ck_assert(seen[i] != 0);
+			for (j = 0; j < i; j++)
+				ck_assert(seen[j] != seen[i]);
+		}
+	}
 
 	ck_assert_int_eq(ladder_rewrite(&p, &pool, amqp_cstring_bytes(""),
 					amqp_cstring_bytes("q"), "x-delay", 1700000000123LL),
