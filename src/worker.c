@@ -61,16 +61,25 @@ static void worker_drain_deadline(evutil_socket_t fd, short what, void *arg)
 	worker_check_drained(w);
 }
 
+void worker_post_chain(struct worker *w, struct worker_call *first, struct worker_call *last)
+{
+	int wake;
+
+	last->next = NULL;
+	pthread_mutex_lock(&w->lock);
+	wake = w->calls == NULL; /* else the first of those queued woke it */
+	if (wake)
+		w->calls_tail = &w->calls;
+	*w->calls_tail = first;
+	w->calls_tail = &last->next;
+	pthread_mutex_unlock(&w->lock);
+	if (wake)
+		event_active(w->notify, EV_READ, 0);
+}
+
 void worker_post(struct worker *w, struct worker_call *c)
 {
-	c->next = NULL;
-	pthread_mutex_lock(&w->lock);
-	if (w->calls == NULL)
-		w->calls_tail = &w->calls;
-	*w->calls_tail = c;
-	w->calls_tail = &c->next;
-	pthread_mutex_unlock(&w->lock);
-	event_active(w->notify, EV_READ, 0);
+	worker_post_chain(w, c, c);
 }
 
 void worker_run_posted(struct worker *w)

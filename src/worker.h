@@ -86,6 +86,9 @@ int worker_assign(struct worker *w, int fd, const struct sockaddr *sa, int salen
 void worker_drain(struct worker *w);
 /* From any thread: run c->fn on the worker's loop, in posting order. */
 void worker_post(struct worker *w, struct worker_call *c);
+/* The same for a chain linked by next, first to last: one wake-up of the
+ * worker for all of them (a source that completes many at once). */
+void worker_post_chain(struct worker *w, struct worker_call *first, struct worker_call *last);
 /* On a worker's own running thread: run c->fn once the events of this
  * turn of its loop have run (work gathered over a turn goes out as one).
  * Anywhere else (a loop driven by a test, another thread): -1, and the

@@ -262,14 +262,29 @@ static void state_report(struct state *st, int rc)
 static void state_post_done(struct state *st, struct state_write *list)
 {
 	struct state_write *w, *next;
+	struct worker_call *first, *last;
+	struct worker *to;
 
-	for (w = list; w; w = next) {
-		next = w->next;
-		state_report(st, w->rc);
-		if (w->w)
-			worker_post(w->w, &w->call); /* may free w */
-		else
-			w->call.fn(&w->call); /* a state_write_wait */
+	/* Each run of writes of one worker in one post: one wake-up. */
+	while (list) {
+		to = list->w;
+		first = last = NULL;
+		for (w = list; w && w->w == to; w = next) {
+			next = w->next;
+			state_report(st, w->rc);
+			if (to == NULL) {
+				w->call.fn(&w->call); /* a state_write_wait */
+				continue;
+			}
+			if (last)
+				last->next = &w->call;
+			else
+				first = &w->call;
+			last = &w->call;
+		}
+		list = w;
+		if (first)
+			worker_post_chain(to, first, last); /* may free them */
 	}
 }
 
