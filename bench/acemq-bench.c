@@ -1086,8 +1086,11 @@ static int bench_load(void)
 
 	for (i = 0; i < bench_opts.npids; i++) {
 		double cpu = after[i].cpu_s - before[i].cpu_s;
-		double per_m = consumed ? cpu * 1e6 / (double)consumed : 0;
-		double per_gb = bytes ? cpu * 1e9 / (double)bytes : 0;
+		/* Per message consumed, or published when nothing consumes. */
+		uint64_t count = consumed ? consumed : published;
+		uint64_t nbytes = bytes ? bytes : published * (uint64_t)bench_opts.size;
+		double per_m = count ? cpu * 1e6 / (double)count : 0;
+		double per_gb = nbytes ? cpu * 1e9 / (double)nbytes : 0;
 
 		if (!before[i].ok || !after[i].ok) {
 			fprintf(stderr, "acemq-bench: cannot read /proc/%d\n",
