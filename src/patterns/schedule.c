@@ -4,7 +4,9 @@
  * A rewritten publish is forwarded at once while its record is written;
  * its client's confirm waits for both the broker's and the record's
  * commit, so the commit overlaps the broker's work instead of adding to
- * it, and the records of publishes sent together share a commit. */
+ * it, and the records of publishes sent together share a commit. A
+ * publish the broker nacks (it is not on the ladder) has its record
+ * removed. */
 #include "schedule.h"
 
 #include "../../amqp/table.h"
@@ -33,6 +35,7 @@ struct schedule {
 	struct list pending;   /* schedule_pub.node, in the order published */
 	int nrecords;          /* records being written */
 	int unsent;            /* those in pending whose publish is not disposed of */
+	int unanswered;        /* those in pending the broker is still to confirm */
 };
 
 /* A rewritten publish, from the hook until its record is written and its
@@ -48,6 +51,8 @@ struct schedule_pub {
 	int waiting;        /* m waits (PIPE_WAIT) for the ladder or the record */
 	uint16_t channel;
 	uint64_t broker_seq; /* its client's confirm held for the record, or 0 */
+	uint64_t seq;        /* its broker sequence number until the broker's answer */
+	int nacked;          /* the broker nacked it: its record goes once written */
 	int given_up;        /* not forwarded: the record goes once written ... */
 	char *forget_vhost;  /* ... from this vhost (NULL: by the janitor) */
 	uint8_t key[DELAYED_KEY_LEN];
@@ -87,6 +92,26 @@ static void schedule_done(struct schedule_pub *w)
 	schedule_sent(w->st, w);
 	list_del(&w->node);
 	free(w);
+}
+
+/* The broker answered w's publish (or never will: its channel closed). */
+static void schedule_answered(struct schedule *st, struct schedule_pub *w)
+{
+	if (w->seq != 0) {
+		w->seq = 0;
+		st->unanswered--;
+	}
+}
+
+/* w's record is written and its publish forwarded: done with once the
+ * broker has answered; a nacked one's record goes. */
+static void schedule_settle(struct schedule *st, struct schedule_pub *w)
+{
+	if (w->seq != 0)
+		return; /* publish_settled finishes it */
+	if (w->nacked && w->rec_rc == STATE_OK)
+		delayed_forget(st->p->vhost, w->key);
+	schedule_done(w);
 }
 
 /* w's publish is not forwarded after all (or its session went before it
@@ -249,7 +274,8 @@ static void schedule_recorded_in(struct pipeline *p, void *arg)
 		return; /* still on its way: published() finishes it */
 	if (w->broker_seq)
 		pipeline_confirm_release(p, w->channel, w->broker_seq);
-	schedule_done(w);
+	w->broker_seq = 0;
+	schedule_settle(w->st, w);
 }
 
 static void schedule_recorded(struct worker_call *c)
@@ -348,23 +374,59 @@ static void schedule_published(void *state, struct pipeline *p, struct channel *
 	}
 	/* A waiting publish goes on only once it waits no more. */
 	ACEMQ_ASSERT(!w->waiting && w->req == NULL);
+	if (broker_seq && ch) {
+		w->seq = broker_seq;
+		st->unanswered++;
+	}
 	if (w->rec == NULL) {
-		schedule_done(w);
+		schedule_settle(st, w);
 		return;
 	}
 	if (broker_seq && ch && pipeline_confirm_hold(p, ch, broker_seq) == 0)
 		w->broker_seq = broker_seq;
 }
 
-/* A closed channel's confirms are gone, and its numbers start again. */
+/* The broker's answer to a forwarded publish: a nacked delayed one is not
+ * on the ladder, so its record goes (now, or once written). */
+static void schedule_publish_settled(void *state, struct pipeline *p, struct channel *ch,
+				     uint64_t broker_seq, int acked)
+{
+	struct schedule *st = state;
+	struct schedule_pub *e, *w = NULL;
+
+	if (st->unanswered == 0 || ch == NULL)
+		return;
+	/* Answered in order, so most often the first. */
+	list_for_each_entry (e, &st->pending, node)
+		if (e->seq == broker_seq && e->channel == ch->id) {
+			w = e;
+			break;
+		}
+	if (w == NULL)
+		return;
+	schedule_answered(st, w);
+	if (!acked)
+		w->nacked = 1;
+	if (w->rec == NULL && w->m == NULL)
+		schedule_settle(st, w);
+}
+
+/* A closed channel's confirms are gone, and its numbers start again; its
+ * publishes the broker did not answer keep their records (they may be on
+ * the ladder). */
 static void schedule_channel_closed(void *state, struct pipeline *p, struct channel *ch)
 {
 	struct schedule *st = state;
 	struct schedule_pub *w;
 
-	list_for_each_entry (w, &st->pending, node)
-		if (w->channel == ch->id)
-			w->broker_seq = 0;
+	list_for_each_entry_safe (w, &st->pending, node) {
+		if (w->channel != ch->id)
+			continue;
+		w->broker_seq = 0;
+		schedule_answered(st, w);
+		if (w->rec == NULL && w->m == NULL)
+			schedule_settle(st, w);
+	}
 }
 
 static enum pipe_verdict schedule_message(void *state, struct pipeline *p, struct channel *ch,
@@ -451,6 +513,7 @@ static const struct pipe_hook schedule_hook = {
     .message = schedule_message,
     .channel_closed = schedule_channel_closed,
     .published = schedule_published,
+    .publish_settled = schedule_publish_settled,
 };
 
 void schedule_register(void)

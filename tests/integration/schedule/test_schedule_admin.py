@@ -383,3 +383,47 @@ def test_confirm_of_a_delayed_publish_waits_for_its_record(ops, monkeypatch):
     finally:
         check_stopped(p)
         shutil.rmtree(top, ignore_errors=True)
+
+
+def rung_rejects(rung_queue):
+    """Whether a confirmed publish straight into rung_queue is nacked."""
+    c = direct()
+    ch = c.channel()
+    ch.confirm_delivery()
+    try:
+        ch.basic_publish("acemq.schedule", rung_queue, b"probe")
+        return False
+    except pika.exceptions.NackError:
+        return True
+    finally:
+        c.close()
+
+
+def test_a_delayed_publish_the_broker_nacks_is_not_listed(ops):
+    """The broker nacks a delayed publish (its rung, the 10 m one, is made
+    full by a policy: max-length 0, reject-publish): the client gets the
+    nack, and its record goes, so nothing is listed that will never fire.
+    A publish of another rung on the same channel stays listed."""
+    q = fresh_queue("nack")
+    policy = support.unique_name("reject-rung")
+    support.rabbitmqctl("set_policy", "-p", VHOST, "--apply-to", "queues", policy,
+                        r"^acemq\.schedule\.10m$", '{"max-length": 0, "overflow": "reject-publish"}')
+    try:
+        assert support.wait_until(lambda: rung_rejects("acemq.schedule.10m"), 15)
+        c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", ops.port, VHOST))
+        ch = c.channel()
+        ch.confirm_delivery()
+        with pytest.raises(pika.exceptions.NackError):
+            ch.basic_publish(EXCHANGE, q, b"never", pika.BasicProperties(
+                message_id="nacked-1", headers={"x-delay": 15 * 60 * 1000}))
+        ch.basic_publish(EXCHANGE, q, b"later", pika.BasicProperties(
+            message_id="kept-2", headers={"x-delay": 2 * 3600 * 1000}))
+        c.close()
+        assert support.wait_until(
+            lambda: [e["message_id"] for e in pending_for(ops, q)] == ["kept-2"], 10), \
+            pending_for(ops, q)
+    finally:
+        support.rabbitmqctl("clear_policy", "-p", VHOST, policy, check=False)
+    status, body = request(ops.admin_port, "DELETE",
+                           "/schedule/%s?exchange=%s&routing_key=%s" % (ENC, EXCHANGE, q))
+    assert status == 200, body
