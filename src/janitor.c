@@ -41,13 +41,15 @@ static void janitor_claims(const struct rules_vhost *v, int orphans)
 		    v->vhost, p.payloads, janitor_s(p.payloads), v->claim_check.retention_s,
 		    (unsigned long long)p.payload_bytes);
 	if (p.partial > 0)
-		log_info("janitor: vhost %s: %ld %s of claim uploads cut short removed (%llu "
-			 "bytes)",
-			 v->vhost, p.partial,
-			 where.type == CLAIMS_FILESYSTEM
-			     ? (p.partial == 1 ? "partial file" : "partial files")
-			     : (p.partial == 1 ? "orphaned chunk" : "orphaned chunks"),
+		log_info("janitor: vhost %s: %ld orphaned chunk%s of claim uploads cut short "
+			 "removed (%llu bytes)",
+			 v->vhost, p.partial, janitor_s(p.partial),
 			 (unsigned long long)p.partial_bytes);
+	if (p.partial_files > 0)
+		log_info("janitor: vhost %s: %ld partial file%s of claim uploads cut short "
+			 "removed (%llu bytes)",
+			 v->vhost, p.partial_files, janitor_s(p.partial_files),
+			 (unsigned long long)p.partial_file_bytes);
 	if (rc < 0)
 		log_warning("janitor: vhost %s: the claim store could not be purged", v->vhost);
 }

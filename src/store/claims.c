@@ -4,8 +4,10 @@
 
 #include "../rules.h"
 #include "claims_backend.h"
+#include "state.h"
 
 #include <openssl/rand.h>
+#include <openssl/sha.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -83,6 +85,34 @@ struct state *claims_state_get(void)
 	return claims_state;
 }
 
+/* An LMDB store's directory for its large payloads: data_dir/claims/ and
+ * the vhost's name in hex (any byte may be in a vhost's name), or its
+ * SHA-256 when that is long. Empty when there is no state or no room. */
+static void claims_files_dir(char *out, size_t len, const char *vhost)
+{
+	const char *dir = state_dir(claims_state);
+	unsigned char sum[SHA256_DIGEST_LENGTH];
+	const unsigned char *name = (const unsigned char *)vhost;
+	char hex[2 * SHA256_DIGEST_LENGTH + 8], *h = hex;
+	size_t n = strlen(vhost), i;
+	int k;
+
+	out[0] = '\0';
+	if (dir == NULL)
+		return;
+	if (n > SHA256_DIGEST_LENGTH) {
+		SHA256(name, n, sum);
+		name = sum;
+		n = sizeof(sum);
+		h += snprintf(hex, sizeof(hex), "sha-");
+	}
+	for (i = 0; i < n; i++)
+		h += snprintf(h, 3, "%02x", name[i]);
+	k = snprintf(out, len, "%s/claims/%s", dir, hex);
+	if (k < 0 || (size_t)k >= len)
+		out[0] = '\0'; /* no room: the payloads stay in LMDB */
+}
+
 void claims_where(struct claims_where *out, const char *vhost,
 		  const struct rules_claim_check *cc)
 {
@@ -103,6 +133,7 @@ void claims_where(struct claims_where *out, const char *vhost,
 	case RULES_STORE_LMDB:
 		out->type = CLAIMS_LMDB;
 		snprintf(out->name, sizeof(out->name), "claims/%s", vhost);
+		claims_files_dir(out->files, sizeof(out->files), vhost);
 		break;
 	}
 }

@@ -17,6 +17,10 @@ struct rules_claim_check;
 
 #define CLAIMS_KEY_LEN 32         /* 128 random bits as lowercase hex */
 #define CLAIMS_CHUNK   (1u << 20) /* bytes per stored chunk and per read */
+/* An LMDB store keeps a payload of this size or more in a file of its own
+ * under data_dir/claims/ (written and read as a filesystem store's are:
+ * past the page cache, where LMDB's commit copies every page into it). */
+#define CLAIMS_FILE_MIN (4u * CLAIMS_CHUNK)
 
 /* Where a vhost's payloads go (copied: rules may be reloaded meanwhile). */
 enum claims_type { CLAIMS_LMDB, CLAIMS_FILESYSTEM, CLAIMS_S3 };
@@ -24,6 +28,7 @@ enum claims_type { CLAIMS_LMDB, CLAIMS_FILESYSTEM, CLAIMS_S3 };
 struct claims_where {
 	enum claims_type type;
 	char name[300];   /* LMDB: the database name; filesystem: the directory */
+	char files[300];  /* LMDB: the directory of its large payloads ("": none) */
 	char bucket[64];  /* S3: the bucket */
 	char prefix[256]; /* S3: put before the key to name the object */
 };
@@ -91,13 +96,16 @@ void claims_read_abandon(struct claims_read *r);
 /* ---- retention ---- */
 
 /* What a purge removed: whole payloads, and what uploads a crash cut
- * short left (LMDB chunks without their meta record; filesystem .partial
- * files), with their bytes. */
+ * short left (LMDB chunks without their meta record; .partial files of a
+ * filesystem store, or of an LMDB store's large payloads), with their
+ * bytes. */
 struct claims_purged {
 	long payloads;
 	uint64_t payload_bytes;
-	long partial;
+	long partial; /* LMDB chunks */
 	uint64_t partial_bytes;
+	long partial_files;
+	uint64_t partial_file_bytes;
 };
 
 /* Blocking (never on a worker's loop): remove payloads older than

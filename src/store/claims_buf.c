@@ -41,10 +41,11 @@ uint8_t *claims_buf_new(size_t len)
 
 void claims_buf_free(uint8_t *b, size_t len)
 {
-	struct claims_spares *s = claims_spares_of(len);
+	struct claims_spares *s;
 
 	if (b == NULL)
 		return;
+	s = claims_spares_of(len);
 	pthread_mutex_lock(&claims_buf_lock);
 	if (s->n < CLAIMS_SPARE) {
 		s->buf[s->n++] = b;

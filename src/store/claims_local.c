@@ -2,6 +2,7 @@
  * layer) and a filesystem directory, written and read in chunks off the
  * workers' loops. */
 #define _GNU_SOURCE /* O_DIRECT */
+#include "claims_local.h"
 #include "claims_backend.h"
 #include "claims_buf.h"
 
@@ -24,16 +25,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* LMDB layout, one database per vhost ("claims/VHOST"):
- *   KEY              -> meta: size (u64), created ms (u64), chunks (u32)
- *   KEY#NNNNNNNN     -> chunk NNNNNNNN (hex) of the payload
- * The meta record is written last, in the same transaction as the last
- * chunk: a payload without it is partial and never read. */
-#define CLAIMS_META_LEN  20
-#define CLAIMS_CHUNK_KEY (CLAIMS_KEY_LEN + 9)
-
 static atomic_ullong claims_lanes;
-#define claims_state (claims_state_get())
 
 static void claims_chunk_key(char out[CLAIMS_CHUNK_KEY + 1], const char *key, uint32_t i)
 {
@@ -63,6 +55,44 @@ static int claims_fs_direct(int fd, int on)
 	return fl >= 0 && fcntl(fd, F_SETFL, on ? fl | O_DIRECT : fl & ~O_DIRECT) == 0 && on;
 }
 
+/* fsync a directory: its entries made durable. 0, or -1. */
+static int claims_fs_sync_dir(const char *dir)
+{
+	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC), rc;
+
+	if (fd < 0)
+		return -1;
+	rc = fsync(fd);
+	close(fd);
+	return rc == 0 ? 0 : -1;
+}
+
+/* An LMDB store's directory for large payloads (data_dir/claims/X), made
+ * with its parent, each made durable in the directory above it. */
+static int claims_fs_mkdirs(const char *dir)
+{
+	char path[sizeof(((struct claims_where *)0)->files)], *last, *mid;
+	int rc = 0;
+
+	snprintf(path, sizeof(path), "%s", dir);
+	if ((last = strrchr(path, '/')) == NULL)
+		return -1;
+	*last = '\0'; /* data_dir/claims */
+	if ((mid = strrchr(path, '/')) == NULL)
+		return -1;
+	if (mkdir(path, 0750) != 0 && errno != EEXIST)
+		return -1;
+	*mid = '\0';
+	rc |= claims_fs_sync_dir(path); /* data_dir */
+	*mid = '/';
+	*last = '/';
+	if (mkdir(path, 0750) != 0 && errno != EEXIST)
+		return -1;
+	*last = '\0';
+	rc |= claims_fs_sync_dir(path); /* data_dir/claims */
+	return rc;
+}
+
 /* ---- uploads -------------------------------------------------------- */
 
 enum claims_req_kind { CLAIMS_CHUNK_REQ, CLAIMS_FINISH_REQ, CLAIMS_CLEANUP_REQ };
@@ -82,6 +112,7 @@ struct claims_local_upload {
 	uint64_t lane;
 	unsigned abandoned : 1, failed : 1, finishing : 1, durable : 1, cleaning : 1;
 	unsigned submitted : 1; /* something may be in the store */
+	unsigned own_dir : 1;   /* an LMDB store's large payload: its directory is made */
 	unsigned calling : 1;   /* inside a callback: abandon only marks */
 	int lane_failed;        /* filesystem: set and read on the lane only */
 };
@@ -214,7 +245,6 @@ static void claims_fs_run(struct job *j)
 	struct claims_req *r = (struct claims_req *)j;
 	struct claims_local_upload *u = r->up;
 	char tmp[4200], final[4200];
-	int dfd;
 
 	claims_path(tmp, sizeof(tmp), &u->where, u->head.key, 1);
 	claims_path(final, sizeof(final), &u->where, u->head.key, 0);
@@ -233,6 +263,9 @@ static void claims_fs_run(struct job *j)
 	}
 	if (u->fd < 0) {
 		u->fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0640);
+		if (u->fd < 0 && errno == ENOENT && u->own_dir &&
+		    claims_fs_mkdirs(u->where.name) == 0)
+			u->fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0640);
 		if (u->fd < 0) {
 			r->rc = errno == ENOSPC || errno == EDQUOT ? STATE_FULL : STATE_IO;
 			return;
@@ -257,11 +290,8 @@ static void claims_fs_run(struct job *j)
 		r->rc = STATE_IO;
 		return;
 	}
-	dfd = open(u->where.name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (dfd < 0 || fsync(dfd) != 0)
+	if (claims_fs_sync_dir(u->where.name) != 0)
 		r->rc = STATE_IO;
-	if (dfd >= 0)
-		close(dfd);
 }
 
 static void claims_upload_submit(struct claims_local_upload *u, enum claims_req_kind kind)
@@ -275,6 +305,14 @@ static void claims_upload_submit(struct claims_local_upload *u, enum claims_req_
 	}
 	r->up = u;
 	r->kind = kind;
+	/* An LMDB store's payload that fills a stage is a large one: it goes
+	 * to a file of its own, before anything of it is in LMDB. */
+	if (kind == CLAIMS_CHUNK_REQ && !u->submitted && u->where.type == CLAIMS_LMDB &&
+	    u->where.files[0]) {
+		u->where.type = CLAIMS_FILESYSTEM;
+		memcpy(u->where.name, u->where.files, sizeof(u->where.name));
+		u->own_dir = 1;
+	}
 	if (kind != CLAIMS_CLEANUP_REQ)
 		u->submitted = 1;
 	if (kind != CLAIMS_CLEANUP_REQ && (u->used > 0 || kind == CLAIMS_CHUNK_REQ)) {
@@ -505,25 +543,29 @@ static void claims_read_run(struct job *j)
 	ssize_t n;
 
 	r->len = 0;
-	if (r->opening) {
-		if (r->where.type == CLAIMS_FILESYSTEM) {
-			claims_path(path, sizeof(path), &r->where, r->key, 0);
-			r->fd = open(path, O_RDONLY | O_CLOEXEC);
-			if (r->fd < 0) {
-				r->rc = errno == ENOENT ? 1 : STATE_IO;
-				return;
-			}
-			r->rc = fstat(r->fd, &st) == 0 ? 0 : STATE_IO;
-			r->size = (uint64_t)st.st_size;
-			r->direct = claims_fs_direct(r->fd, 1);
-			return;
-		}
+	if (r->opening && r->where.type != CLAIMS_FILESYSTEM) {
 		r->rc = state_get(claims_state, r->where.name, r->key, CLAIMS_KEY_LEN,
 				  claims_copy_out, &c);
 		if (r->rc == STATE_OK && (!c.ok || c.len != CLAIMS_META_LEN))
 			r->rc = STATE_IO;
 		if (r->rc == STATE_OK)
 			memcpy(&r->size, meta, 8);
+		if (r->rc != STATE_NOTFOUND || !r->where.files[0])
+			return;
+		/* Not in LMDB: a large payload, in a file of its own. */
+		r->where.type = CLAIMS_FILESYSTEM;
+		memcpy(r->where.name, r->where.files, sizeof(r->where.name));
+	}
+	if (r->opening) {
+		claims_path(path, sizeof(path), &r->where, r->key, 0);
+		r->fd = open(path, O_RDONLY | O_CLOEXEC);
+		if (r->fd < 0) {
+			r->rc = errno == ENOENT ? 1 : STATE_IO;
+			return;
+		}
+		r->rc = fstat(r->fd, &st) == 0 ? 0 : STATE_IO;
+		r->size = (uint64_t)st.st_size;
+		r->direct = claims_fs_direct(r->fd, 1);
 		return;
 	}
 	if (r->offset >= r->size) {
@@ -531,7 +573,7 @@ static void claims_read_run(struct job *j)
 		return;
 	}
 	if (r->buf == NULL) {
-		r->rc = STATE_IO; /* not had at open */
+		r->rc = STATE_IO; /* no memory for it */
 		return;
 	}
 	if (r->where.type == CLAIMS_FILESYSTEM) {
@@ -594,7 +636,14 @@ static void claims_read_done(struct worker_call *c)
 		r->opening = 0;
 		r->opened(r->arg, r->rc, r->size);
 	} else {
-		r->chunk(r->arg, r->rc, r->buf, r->len);
+		/* The buffer is had only while a read is out: a reader that
+		 * waits for its client to drain holds none. */
+		uint8_t *buf = r->buf;
+		size_t cap = r->cap;
+
+		r->buf = NULL;
+		r->chunk(r->arg, r->rc, buf, r->len); /* may free r */
+		claims_buf_free(buf, cap);
 	}
 }
 
@@ -611,14 +660,6 @@ claims_local_read_open(const struct claims_where *where, struct worker *w, const
 	r = calloc(1, sizeof(*r));
 	if (r == NULL)
 		return NULL;
-	/* Taken here, on the worker, where it is given back. */
-	/* A file is read a stage at a time (fewer trips to the disk, which
-	 * O_DIRECT makes every read), LMDB a chunk at a time. */
-	r->cap = where->type == CLAIMS_FILESYSTEM ? CLAIMS_STAGE : CLAIMS_CHUNK;
-	if ((r->buf = claims_buf_new(r->cap)) == NULL) {
-		free(r);
-		return NULL;
-	}
 	r->head.be =
 	    where->type == CLAIMS_FILESYSTEM ? &claims_fs_backend : &claims_lmdb_backend;
 	r->where = *where;
@@ -645,7 +686,12 @@ static void claims_local_read_next(struct claims_read *rd)
 	struct claims_local_read *r = claims_local_read_of(rd);
 
 	/* One read at a time, never after the reader let go. */
-	ACEMQ_ASSERT(!r->busy && !r->abandoned && !r->opening);
+	ACEMQ_ASSERT(!r->busy && !r->abandoned && !r->opening && r->buf == NULL);
+	/* Taken here, on the worker, where it is given back. A file is read
+	 * a stage at a time (fewer trips to the disk, which O_DIRECT makes
+	 * every read), LMDB a chunk at a time. */
+	r->cap = r->where.type == CLAIMS_FILESYSTEM ? CLAIMS_STAGE : CLAIMS_CHUNK;
+	r->buf = claims_buf_new(r->cap); /* NULL: the read fails */
 	r->busy = 1;
 	claims_busy_add(1);
 	jobs_submit(&r->job);
@@ -668,188 +714,33 @@ static int claims_local_stat(const struct claims_where *where, const char *key, 
 {
 	uint8_t meta[CLAIMS_META_LEN];
 	struct claims_copy c = {meta, sizeof(meta), 0, 0};
+	const char *dir = where->name;
 	char path[4200];
 	struct stat st;
 	int rc;
 
-	if (where->type == CLAIMS_FILESYSTEM) {
-		claims_path(path, sizeof(path), where, key, 0);
-		if (stat(path, &st) != 0)
-			return errno == ENOENT ? 1 : STATE_IO;
-		*size = (uint64_t)st.st_size;
-		*created_ms = (uint64_t)st.st_mtime * 1000;
-		return 0;
+	if (where->type != CLAIMS_FILESYSTEM) {
+		if (claims_state == NULL)
+			return STATE_IO;
+		rc = state_get(claims_state, where->name, key, CLAIMS_KEY_LEN, claims_copy_out,
+			       &c);
+		if (rc == STATE_OK && c.len != CLAIMS_META_LEN)
+			return STATE_IO;
+		if (rc == STATE_OK) {
+			memcpy(size, meta, 8);
+			memcpy(created_ms, meta + 8, 8);
+			return 0;
+		}
+		if (rc != STATE_NOTFOUND || !where->files[0])
+			return rc;
+		dir = where->files; /* a large payload's file? */
 	}
-	if (claims_state == NULL)
-		return STATE_IO;
-	rc = state_get(claims_state, where->name, key, CLAIMS_KEY_LEN, claims_copy_out, &c);
-	if (rc != STATE_OK)
-		return rc == STATE_NOTFOUND ? 1 : rc;
-	if (c.len != CLAIMS_META_LEN)
-		return STATE_IO;
-	memcpy(size, meta, 8);
-	memcpy(created_ms, meta + 8, 8);
+	snprintf(path, sizeof(path), "%s/%s", dir, key);
+	if (stat(path, &st) != 0)
+		return errno == ENOENT ? 1 : STATE_IO;
+	*size = (uint64_t)st.st_size;
+	*created_ms = (uint64_t)st.st_mtime * 1000;
 	return 0;
-}
-
-/* ---- retention ------------------------------------------------------------ */
-
-/* A record the sweep removes: a payload's meta record (bytes: the
- * payload's size), or a chunk, its payload's or an orphan's. */
-struct claims_dead {
-	char key[CLAIMS_CHUNK_KEY + 1];
-	unsigned char orphan;
-	uint64_t bytes;
-};
-
-struct claims_sweep {
-	uint64_t cutoff_ms;
-	char meta[CLAIMS_KEY_LEN]; /* the last meta record seen */
-	int meta_expired, have_meta;
-	int orphans; /* also chunks no payload owns (only before uploads start) */
-	struct claims_dead *dead;
-	size_t ndead, capdead;
-};
-
-static void claims_sweep_add(struct claims_sweep *sw, const void *key, size_t klen, int orphan,
-			     uint64_t bytes)
-{
-	struct claims_dead *d;
-
-	ACEMQ_ASSERT(klen < sizeof(d->key));
-	if (sw->ndead == sw->capdead) {
-		size_t n = sw->capdead ? sw->capdead * 2 : 256;
-		void *p = realloc(sw->dead, n * sizeof(*sw->dead));
-
-		if (p == NULL)
-			return;
-		sw->dead = p;
-		sw->capdead = n;
-	}
-	d = &sw->dead[sw->ndead++];
-	memcpy(d->key, key, klen);
-	d->key[klen] = 0;
-	d->orphan = (unsigned char)orphan;
-	d->bytes = bytes;
-}
-
-static int claims_sweep_one(void *arg, const void *key, size_t klen, const void *val,
-			    size_t vlen)
-{
-	struct claims_sweep *sw = arg;
-	uint64_t created, size;
-
-	if (klen == CLAIMS_KEY_LEN && vlen == CLAIMS_META_LEN) {
-		memcpy(&size, val, 8);
-		memcpy(&created, (const uint8_t *)val + 8, 8);
-		memcpy(sw->meta, key, CLAIMS_KEY_LEN);
-		sw->have_meta = 1;
-		sw->meta_expired = sw->cutoff_ms && created < sw->cutoff_ms;
-		if (sw->meta_expired)
-			claims_sweep_add(sw, key, klen, 0, size);
-	} else if (klen == CLAIMS_CHUNK_KEY) {
-		int owned = sw->have_meta && memcmp(sw->meta, key, CLAIMS_KEY_LEN) == 0;
-
-		/* A chunk goes with its expired payload; at start, before any
-		 * upload, also when no payload owns it (a crash mid-upload). */
-		if (owned && sw->meta_expired)
-			claims_sweep_add(sw, key, klen, 0, 0);
-		else if (!owned && sw->orphans)
-			claims_sweep_add(sw, key, klen, 1, vlen);
-	}
-	return 0;
-}
-
-/* A filesystem store: payload files past the cutoff, and partial files an
- * hour old that no upload of this proxy is writing (the directory may be
- * shared: another proxy's upload may be in progress). */
-static void claims_local_purge_directory(const char *dir, const struct claims_sweep *sw,
-					 struct claims_purged *out)
-{
-	DIR *d = opendir(dir);
-	struct dirent *e;
-	char path[4200];
-	struct stat st;
-
-	if (d == NULL)
-		return;
-	while ((e = readdir(d)) != NULL) {
-		size_t n = strlen(e->d_name);
-		int partial = n == CLAIMS_KEY_LEN + 9 && e->d_name[0] == '.' &&
-			      strcmp(e->d_name + 1 + CLAIMS_KEY_LEN, ".partial") == 0;
-		const char *key = partial ? e->d_name + 1 : e->d_name;
-
-		if (!partial && !claims_key_valid((const uint8_t *)key, n))
-			continue; /* not ours: another library's or the operator's */
-		snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
-		if (stat(path, &st) != 0)
-			continue;
-		if (partial ? claims_active_has(key) ||
-				  (uint64_t)st.st_mtime * 1000 + 3600000 >= state_now_ms()
-			    : !sw->cutoff_ms || (uint64_t)st.st_mtime * 1000 >= sw->cutoff_ms)
-			continue;
-		if (unlink(path) != 0)
-			continue;
-		if (partial) {
-			out->partial++;
-			out->partial_bytes += (uint64_t)st.st_size;
-		} else {
-			out->payloads++;
-			out->payload_bytes += (uint64_t)st.st_size;
-		}
-	}
-	closedir(d);
-}
-
-static int claims_local_purge(const struct claims_where *where, long retention_s, int orphans,
-			      struct claims_purged *out)
-{
-	struct claims_sweep sw;
-	size_t i, j;
-	int rc = 0;
-
-	memset(&sw, 0, sizeof(sw));
-	sw.orphans = orphans;
-	if (retention_s > 0)
-		sw.cutoff_ms = state_now_ms() - (uint64_t)retention_s * 1000;
-	if (where->type == CLAIMS_FILESYSTEM) {
-		claims_local_purge_directory(where->name, &sw, out);
-		return 0;
-	}
-	if (claims_state == NULL)
-		return 0;
-	if (state_scan(claims_state, where->name, NULL, 0, claims_sweep_one, &sw) != STATE_OK) {
-		free(sw.dead);
-		return -1;
-	}
-	for (i = 0; i < sw.ndead; i += 512) {
-		struct state_op ops[512];
-		size_t n = sw.ndead - i < 512 ? sw.ndead - i : 512;
-
-		memset(ops, 0, sizeof(ops));
-		for (j = 0; j < n; j++) {
-			ops[j].db = where->name;
-			ops[j].key = sw.dead[i + j].key;
-			ops[j].klen = strlen(sw.dead[i + j].key);
-		}
-		if (state_write_wait(claims_state, ops, (int)n) != STATE_OK) {
-			rc = -1;
-			break;
-		}
-		for (j = 0; j < n; j++) {
-			const struct claims_dead *d = &sw.dead[i + j];
-
-			if (d->orphan) {
-				out->partial++;
-				out->partial_bytes += d->bytes;
-			} else if (ops[j].klen == CLAIMS_KEY_LEN) {
-				out->payloads++;
-				out->payload_bytes += d->bytes;
-			}
-		}
-	}
-	free(sw.dead);
-	return rc;
 }
 
 const struct claims_backend claims_lmdb_backend = {

@@ -57,6 +57,13 @@ struct state {
 	size_t caphandles;
 };
 
+const char *state_dir(struct state *st)
+{
+	const char *path = NULL;
+
+	return st && mdb_env_get_path(st->env, &path) == 0 ? path : NULL;
+}
+
 uint64_t state_now_ms(void)
 {
 	struct timeval tv;

@@ -120,5 +120,7 @@ void state_test_commit_hook(struct state *st, int (*fn)(void *arg), void *arg);
 
 /* Wall-clock milliseconds since the epoch: the time stored in records. */
 uint64_t state_now_ms(void);
+/* The directory the environment lives in (data_dir), or NULL. */
+const char *state_dir(struct state *st);
 
 #endif

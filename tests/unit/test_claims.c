@@ -24,6 +24,8 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/time.h>
+#include <time.h>
 #include <unistd.h>
 
 static struct worker tw;
@@ -389,6 +391,100 @@ START_TEST(test_buffers_aligned_and_kept)
 }
 END_TEST
 
+/* Files in dir other than "." and "..": how many, and how many partial. */
+static int files_in(const char *dir, int *partial)
+{
+	struct dirent *e;
+	DIR *d = opendir(dir);
+	int n = 0;
+
+	*partial = 0;
+	if (d == NULL)
+		return -1;
+	while ((e = readdir(d)) != NULL) {
+		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+			continue;
+		n++;
+		*partial += strstr(e->d_name, ".partial") != NULL;
+	}
+	closedir(d);
+	return n;
+}
+
+/* An LMDB store keeps a payload of CLAIMS_FILE_MIN or more in a file of its
+ * own under data_dir/claims/ (the vhost's name in hex, or its SHA-256 when
+ * long): nothing of it in LMDB, read back, its size and age looked up, an
+ * abandoned one's partial file removed, and the retention purge removing
+ * it. A smaller payload stays in LMDB. */
+START_TEST(test_lmdb_large_payload_in_a_file)
+{
+	struct claims_where w, longw;
+	size_t n = CLAIMS_FILE_MIN + 12345;
+	uint8_t *data = pattern(n);
+	struct probe up = {0}, rd = {0}, small = {0}, ab = {0}, lp = {0};
+	struct claims_purged purged = {0};
+	struct claims_upload *u;
+	char dir[256], path[512], vh[64];
+	struct timeval old[2];
+	uint64_t size, created;
+	struct stat sb;
+	int keys = 0, partial;
+
+	where(&w, 0, "/");
+	snprintf(dir, sizeof(dir), "%s/claims/2f", tdir);
+	ck_assert_str_eq(w.files, dir);
+	ck_assert_int_eq(stat(dir, &sb), -1); /* made by the first large payload */
+	upload(&w, data, n, &up);
+	ck_assert_int_eq(up.rc, 0);
+	snprintf(path, sizeof(path), "%s/%s", dir, up.key);
+	ck_assert_int_eq(stat(path, &sb), 0);
+	ck_assert_uint_eq((uint64_t)sb.st_size, n);
+	ck_assert_int_eq(state_scan(st, w.name, NULL, 0, count_keys, &keys), STATE_OK);
+	ck_assert_int_eq(keys, 0);
+	read_back(&w, up.key, &rd);
+	ck_assert_int_eq(rd.open_rc, 0);
+	ck_assert_uint_eq(rd.len, n);
+	ck_assert(memcmp(rd.got, data, n) == 0);
+	ck_assert_int_eq(claims_stat(&w, up.key, &size, &created), 0);
+	ck_assert_uint_eq(size, n);
+	/* A small one stays in LMDB. */
+	upload(&w, data, 100000, &small);
+	ck_assert_int_eq(small.rc, 0);
+	ck_assert_int_eq(state_scan(st, w.name, NULL, 0, count_keys, &keys), STATE_OK);
+	ck_assert_int_gt(keys, 0);
+	ck_assert_int_eq(files_in(dir, &partial), 1);
+	/* A large upload abandoned half way leaves no partial file. */
+	u = claims_upload_begin(&w, &tw, on_progress, on_done, &ab);
+	claims_upload_write(u, data, CLAIMS_FILE_MIN + 1);
+	pump_a_while();
+	ck_assert_int_eq(files_in(dir, &partial), 2);
+	ck_assert_int_eq(partial, 1);
+	claims_upload_abandon(u);
+	pump_a_while();
+	ck_assert_int_eq(files_in(dir, &partial), 1);
+	/* Past the retention, the purge removes it. */
+	old[0].tv_sec = old[1].tv_sec = time(NULL) - 7200;
+	old[0].tv_usec = old[1].tv_usec = 0;
+	ck_assert_int_eq(utimes(path, old), 0);
+	ck_assert_int_eq(claims_purge(&w, 3600, 0, &purged), 0);
+	ck_assert_int_ge(purged.payloads, 1);
+	ck_assert_int_eq(stat(path, &sb), -1);
+	ck_assert_int_eq(claims_stat(&w, up.key, &size, &created), 1);
+	ck_assert_int_eq(claims_stat(&w, small.key, &size, &created), 0);
+	/* A long vhost name: its SHA-256. */
+	memset(vh, 'v', 40);
+	vh[40] = '\0';
+	where(&longw, 0, vh);
+	ck_assert_ptr_nonnull(strstr(longw.files, "/claims/sha-"));
+	ck_assert_uint_eq(strlen(strstr(longw.files, "/claims/sha-")), 12 + 64);
+	upload(&longw, data, n, &lp);
+	ck_assert_int_eq(lp.rc, 0);
+	ck_assert_int_eq(files_in(longw.files, &partial), 1);
+	free(rd.got);
+	free(data);
+}
+END_TEST
+
 START_TEST(test_missing_key_and_other_vhost)
 {
 	struct claims_where w, other;
@@ -414,7 +510,7 @@ END_TEST
 START_TEST(test_full_store_leaves_nothing)
 {
 	struct claims_where w;
-	size_t n = 4u << 20;
+	size_t n = (4u << 20) - 1; /* under CLAIMS_FILE_MIN: for LMDB */
 	uint8_t *data = pattern(n);
 	struct probe up = {0}, rd = {0}, ok = {0};
 	int keys = 0;
@@ -520,6 +616,7 @@ int main(void)
 	tcase_add_test(tc, test_keys);
 	tcase_add_test(tc, test_buffers_aligned_and_kept);
 	tcase_add_test(tc, test_lmdb_round_trip);
+	tcase_add_test(tc, test_lmdb_large_payload_in_a_file);
 	tcase_add_test(tc, test_filesystem_round_trip);
 	tcase_add_test(tc, test_filesystem_sizes_around_blocks);
 	tcase_add_test(tc, test_missing_key_and_other_vhost);

@@ -296,7 +296,8 @@ def test_full_store_nacks_and_loses_nothing(vhosts, dirs):
             ch = declare(c, q)
             ch.confirm_delivery()
             with pytest.raises(pika.exceptions.NackError):
-                ch.basic_publish("", q, os.urandom(4 << 20))
+                # Under 4 MiB: an LMDB store keeps larger ones in files.
+                ch.basic_publish("", q, os.urandom((4 << 20) - 1))
             ch.basic_publish("", q, b"small and fine")
             ch.basic_publish("", q, os.urandom(100000))  # fits
             with direct() as d:
@@ -447,7 +448,8 @@ def test_store_failure_without_confirms_closes_the_channel(vhosts, dirs):
     try:
         with p.connect() as c:
             ch = declare(c, q)
-            ch.basic_publish("", q, os.urandom(4 << 20))
+            # Under 4 MiB: an LMDB store keeps larger ones in files.
+            ch.basic_publish("", q, os.urandom((4 << 20) - 1))
             with pytest.raises(pika.exceptions.ChannelClosedByBroker) as e:
                 ch.queue_declare(q, passive=True)
                 time.sleep(1)
