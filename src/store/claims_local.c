@@ -112,9 +112,12 @@ struct claims_local_upload {
 	uint64_t lane;
 	unsigned abandoned : 1, failed : 1, finishing : 1, durable : 1, cleaning : 1;
 	unsigned submitted : 1; /* something may be in the store */
-	unsigned own_dir : 1;   /* an LMDB store's large payload: its directory is made */
 	unsigned calling : 1;   /* inside a callback: abandon only marks */
 	int lane_failed;        /* filesystem: set and read on the lane only */
+	/* An LMDB store's large payload, whose directory the lane makes: set
+	 * before the first job, then only read there (not a bit beside those
+	 * the worker changes meanwhile). */
+	int own_dir;
 };
 
 /* One store operation of an upload: a state write (LMDB) or a job
