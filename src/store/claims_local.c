@@ -25,6 +25,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+/* An LMDB store's payload goes to a file once it fills a stage. */
+_Static_assert(CLAIMS_FILE_MIN == CLAIMS_STAGE, "the file threshold is one stage");
+
 static atomic_ullong claims_lanes;
 
 static void claims_chunk_key(char out[CLAIMS_CHUNK_KEY + 1], const char *key, uint32_t i)
