@@ -2,6 +2,7 @@
 #include "channel.h"
 
 #include "pipeline.h"
+#include "surplus.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,10 +22,19 @@ struct channel *channel_new(uint16_t id)
 	return ch;
 }
 
+static void channel_drop_msg(void *m)
+{
+	pipe_msg_free(m);
+}
+
 static void channel_clear(struct channel *ch)
 {
 	int i;
 
+	surplus_free(ch->surplus, channel_drop_msg);
+	ch->surplus = NULL;
+	ch->prefetch = ch->consume_surplus = 0;
+	ch->prefetch_global = ch->qos_unanswered = 0;
 	for (i = 0; i < 2; i++) {
 		if (ch->content[i].msg)
 			pipe_msg_free(ch->content[i].msg);

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 struct pipe_msg;
+struct surplus;
 
 /* Direction of travel, also the index of per-direction state. */
 enum chan_dir { DIR_TO_BROKER = 0, DIR_TO_CLIENT = 1 };
@@ -46,7 +47,13 @@ struct channel {
 	char *get_queue;     /* queue of the basic.get awaiting its answer */
 	struct chan_consumer *consumers;
 	int nconsumers;
-	void *hook_state[4]; /* one slot per attached hook */
+	uint16_t prefetch;        /* the client's basic.qos, per consumer */
+	int prefetch_global;      /* ... and one for the channel was set */
+	uint16_t consume_surplus; /* a basic.consume awaiting consume-ok asked
+				   * for more: the client's prefetch */
+	int qos_unanswered;       /* qos-oks owed for the proxy's own basic.qos */
+	struct surplus *surplus;  /* deliveries past the client's prefetch */
+	void *hook_state[4];      /* one slot per attached hook */
 };
 
 /* proxy_closing: whose close-ok the proxy still waits for. */

@@ -7,6 +7,7 @@
 #include "../amqp/method.h"
 #include "debug.h"
 #include "log.h"
+#include "pipeline_int.h"
 #include "rules.h"
 #include "settle.h"
 #include "worker.h"
@@ -34,6 +35,7 @@ void pipeline_init(struct pipeline *p, const struct pipeline_host *host, void *o
 	p->w = w;
 	p->id = id;
 	p->peer = p->vhost = p->user = "";
+	list_init(&p->surplus_due);
 }
 
 const struct rules_vhost *pipeline_rules(struct pipeline *p)
@@ -148,6 +150,8 @@ void pipeline_detach(struct pipeline *p)
 		if (p->hooks[i]->detach)
 			p->hooks[i]->detach(p->hook_state[i]);
 	p->nhooks = 0;
+	while (!list_empty(&p->surplus_due))
+		list_del(p->surplus_due.next);
 }
 
 static uint64_t pipeline_now_us(void)
@@ -404,7 +408,7 @@ static uint64_t *pipeline_tag_of(struct pipe_msg *m)
 }
 
 /* A delivery goes to the client with its client-side tag. */
-static int pipeline_deliver(struct pipeline *p, struct channel *ch, struct pipe_msg *m)
+int pipeline_deliver_now(struct pipeline *p, struct channel *ch, struct pipe_msg *m)
 {
 	uint64_t *tagp = pipeline_tag_of(m);
 	uint64_t client;
@@ -421,6 +425,17 @@ static int pipeline_deliver(struct pipeline *p, struct channel *ch, struct pipe_
 	rc = pipeline_emit(p, m, pipeline_out(p, DIR_TO_CLIENT));
 	pipe_msg_free(m);
 	return rc;
+}
+
+/* A delivery goes to the client now, or waits while the client has its
+ * prefetch's worth (pipeline_surplus.c). */
+static int pipeline_deliver(struct pipeline *p, struct channel *ch, struct pipe_msg *m)
+{
+	int rc = pipeline_surplus_admit(p, ch, m);
+
+	if (rc != 0)
+		return rc > 0 ? 0 : -1;
+	return pipeline_deliver_now(p, ch, m);
 }
 
 static void pipeline_settle_upstream(struct pipeline *p, struct channel *ch, struct pipe_msg *m)
@@ -638,6 +653,7 @@ int pipeline_stream_out_begin(struct pipeline *p, struct channel *ch, struct pip
 	if (out == NULL || ch == NULL || ch->proxy_closing)
 		return -1;
 	pipeline_rewrite(p, ch, m);
+	pipeline_surplus_stream(p, ch, m);
 	if (tagp) {
 		*tagp = p->track ? tagmap_deliver(&ch->tags, m->broker_tag, !m->no_ack)
 				 : m->broker_tag;
@@ -775,6 +791,7 @@ void pipeline_settled(struct pipeline *p, struct channel *ch, amqp_method_number
 {
 	int i;
 
+	pipeline_surplus_seen(p, ch, broker_tag);
 	for (i = 0; i < p->nhooks; i++)
 		if (p->hooks[i]->settle)
 			p->hooks[i]->settle(p->hook_state[i], p, ch, how, broker_tag);
@@ -787,6 +804,7 @@ void pipeline_held_input(struct pipeline *p, int from)
 	for (i = 0; i < p->nhooks; i++)
 		if (p->hooks[i]->held_input)
 			p->hooks[i]->held_input(p->hook_state[i], p, from);
+	pipeline_surplus_flow(p);
 }
 
 void pipeline_drained(struct pipeline *p)
@@ -838,6 +856,7 @@ int pipeline_settle_gate(struct pipeline *p, struct channel *ch, amqp_method_num
 		    p->hooks[i]->settle_gate(p->hook_state[i], p, ch, how, client_tag,
 					     multiple)) {
 			pipeline_hold(p, DIR_TO_BROKER);
+			pipeline_surplus_flow(p);
 			return 1;
 		}
 	return 0;

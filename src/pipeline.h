@@ -4,6 +4,7 @@
 #define ACEMQ_PIPELINE_H
 
 #include "channel.h"
+#include "list.h"
 #include "log.h"
 
 #include <amqp.h>
@@ -153,6 +154,13 @@ struct pipe_hook {
 	 * once for each sequence number a (multiple) confirm covers. */
 	void (*publish_settled)(void *state, struct pipeline *p, struct channel *ch,
 				uint64_t broker_seq, int acked);
+	/* How many deliveries beyond its prefetch a consumer of queue
+	 * (acking, under that prefetch) should be sent by the broker, kept
+	 * by the proxy until the client has room (surplus.h): the hook's
+	 * store work for a delivery then runs while the client is still busy
+	 * with earlier ones. 0: none. */
+	int (*asks_ahead)(void *state, struct pipeline *p, const char *queue,
+			  uint16_t prefetch);
 };
 
 /* The pipeline of one connection: what a hook sees of it (its worker,
@@ -173,6 +181,7 @@ struct pipeline {
 	const struct rules_vhost *rules; /* cached for rules_generation */
 	const struct pipe_hook *hooks[PIPELINE_MAX_HOOKS];
 	void *hook_state[PIPELINE_MAX_HOOKS];
+	struct list surplus_due; /* channels' surpluses with room opened */
 };
 
 void pipeline_register(const struct pipe_hook *hook);
@@ -277,6 +286,22 @@ void pipeline_held_input(struct pipeline *p, int from);
 int pipeline_publish_watched(const struct pipeline *p);
 void pipeline_publish_settled(struct pipeline *p, struct channel *ch, uint64_t broker_seq,
 			      int acked);
+/* How many beyond the client's prefetch the hooks ask for, for a consumer
+ * of queue (the most any asks: pipe_hook.asks_ahead). */
+int pipeline_surplus_ahead(struct pipeline *p, const char *queue, uint16_t prefetch);
+/* For hooks: the client has sent its settle of broker_tag, which waits
+ * (settle_gate): its consumer may be sent the next delivery kept for it
+ * (marked only; pipeline_surplus_flow sends it). Also called for every
+ * settle that goes upstream. */
+void pipeline_surplus_seen(struct pipeline *p, struct channel *ch, uint64_t broker_tag);
+/* Send the deliveries kept for consumers that have room now. */
+void pipeline_surplus_flow(struct pipeline *p);
+/* A consumer is cancelled (by the client or the broker): what was kept
+ * for it goes to the client now, before the cancel's answer. */
+void pipeline_surplus_cancel(struct pipeline *p, struct channel *ch, const void *tag,
+			     size_t len);
+/* basic.recover on ch: what was kept is dropped (the broker resends it). */
+void pipeline_surplus_recover(struct pipeline *p, struct channel *ch);
 /* Whether a client settle may go upstream now (0), or waits (1). */
 int pipeline_settle_gate(struct pipeline *p, struct channel *ch, amqp_method_number_t how,
 			 uint64_t client_tag, int multiple);

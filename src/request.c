@@ -6,12 +6,14 @@
 #include "request.h"
 
 #include "../amqp/frame_scan.h"
+#include "../amqp/method.h"
 #include "fault.h"
 #include "limits.h"
 #include "pipeline.h"
 #include "relay.h"
 #include "session.h"
 #include "settle.h"
+#include "surplus.h"
 #include "transport.h"
 
 #include <event2/buffer.h>
@@ -37,6 +39,46 @@ static int request_settle(struct session *s, struct leg *from, const struct fram
 	if (settle_client(&s->pipe, ch, id, m, why, sizeof(why)) != 0)
 		fault_channel(s, ch, REPLY_PRECONDITION_FAILED, why, (uint16_t)(id >> 16),
 			      (uint16_t)id);
+	pipeline_surplus_flow(&s->pipe);
+	return RELAY_DONE;
+}
+
+/* A basic.consume whose deliveries a hook wants claimed ahead: the broker
+ * is asked for more than the client's prefetch for this consumer alone
+ * (a basic.qos before it, the client's own after it, their qos-oks not
+ * passed on), and the proxy keeps what is past the client's prefetch
+ * (surplus.h). RELAY_FORWARD when it is not such a consume. */
+static int request_consume_ahead(struct session *s, struct leg *from,
+				 const struct frame_info *fi, struct channel *ch,
+				 amqp_basic_consume_t *c)
+{
+	struct evbuffer *out = pipeline_out(&s->pipe, DIR_TO_BROKER);
+	amqp_basic_qos_t more = {0, 0, 0}, own = {0, ch->prefetch, 0};
+	int extra;
+
+	if (c->no_ack || ch->prefetch == 0 || ch->prefetch_global || out == NULL ||
+	    (c->nowait && c->consumer_tag.len == 0) ||
+	    (extra = pipeline_surplus_ahead(&s->pipe, ch->consume_queue, ch->prefetch)) <= 0)
+		return RELAY_FORWARD;
+	more.prefetch_count = surplus_prefetch(ch->prefetch, (uint16_t)extra);
+	if (more.prefetch_count == ch->prefetch)
+		return RELAY_FORWARD;
+	if (c->nowait) {
+		/* No consume-ok will name it: it is counted from now. */
+		if (surplus_add(&ch->surplus, ch->id, c->consumer_tag.bytes,
+				c->consumer_tag.len, ch->prefetch) != 0)
+			return RELAY_FORWARD;
+	} else {
+		ch->consume_surplus = ch->prefetch;
+	}
+	if (method_write(out, ch->id, AMQP_BASIC_QOS_METHOD, &more) != 0 ||
+	    evbuffer_remove_buffer(transport_input(from->tr), out, frame_scan_wire_len(fi)) !=
+		(int)frame_scan_wire_len(fi) ||
+	    method_write(out, ch->id, AMQP_BASIC_QOS_METHOD, &own) != 0) {
+		session_shut(s, 541, "INTERNAL_ERROR - out of memory");
+		return RELAY_CLOSED;
+	}
+	ch->qos_unanswered += 2;
 	return RELAY_DONE;
 }
 
@@ -87,6 +129,24 @@ int request_method(struct session *s, struct leg *from, const struct frame_info 
 		if (c->consumer_tag.len)
 			channel_consumer_add(ch, c->consumer_tag.bytes, c->consumer_tag.len,
 					     c->no_ack, ch->consume_queue);
+		return request_consume_ahead(s, from, fi, ch, c);
+	}
+	case AMQP_BASIC_QOS_METHOD: {
+		amqp_basic_qos_t *q = m;
+
+		if (q->global)
+			ch->prefetch_global = q->prefetch_count > 0;
+		else
+			ch->prefetch = q->prefetch_count;
+		break;
+	}
+	case AMQP_BASIC_CANCEL_METHOD: {
+		amqp_basic_cancel_t *c = m;
+
+		/* What was kept for it goes before the cancel does: the client
+		 * sees no delivery of it after its cancel-ok. */
+		pipeline_surplus_cancel(&s->pipe, ch, c->consumer_tag.bytes,
+					c->consumer_tag.len);
 		break;
 	}
 	case AMQP_BASIC_GET_METHOD: {
@@ -100,6 +160,7 @@ int request_method(struct session *s, struct leg *from, const struct frame_info 
 	case AMQP_BASIC_RECOVER_ASYNC_METHOD:
 		/* The broker redelivers everything unacked, with new tags. */
 		pipeline_recovered(&s->pipe, ch);
+		pipeline_surplus_recover(&s->pipe, ch);
 		tagmap_reset(&ch->tags);
 		break;
 	default:

@@ -11,6 +11,7 @@
 #include "relay.h"
 #include "session.h"
 #include "settle.h"
+#include "surplus.h"
 #include "transport.h"
 
 #include <event2/buffer.h>
@@ -50,6 +51,32 @@ int response_method(struct session *s, struct leg *from, const struct frame_info
 		channel_consumer_remove(ch, c->consumer_tag.bytes, c->consumer_tag.len);
 		channel_consumer_add(ch, c->consumer_tag.bytes, c->consumer_tag.len,
 				     ch->consume_no_ack, ch->consume_queue);
+		/* The broker was asked for more than the client's prefetch for
+		 * it: what is past the client's prefetch is kept (surplus.h). */
+		if (ch->consume_surplus &&
+		    surplus_add(&ch->surplus, ch->id, c->consumer_tag.bytes,
+				c->consumer_tag.len, ch->consume_surplus) != 0)
+			session_log(s, LOG_WARNING,
+				    "no memory to count deliveries on channel %u: its consumer "
+				    "may get more than its prefetch",
+				    ch->id);
+		ch->consume_surplus = 0;
+		break;
+	}
+	case AMQP_BASIC_QOS_OK_METHOD:
+		if (ch->qos_unanswered == 0)
+			break;
+		/* The answer to the proxy's own basic.qos (a consume's). */
+		ch->qos_unanswered--;
+		evbuffer_drain(transport_input(from->tr), frame_scan_wire_len(fi));
+		return RELAY_DONE;
+	case AMQP_BASIC_CANCEL_METHOD: {
+		amqp_basic_cancel_t *c = m;
+
+		/* The broker cancels a consumer: what was kept for it goes
+		 * first. */
+		pipeline_surplus_cancel(&s->pipe, ch, c->consumer_tag.bytes,
+					c->consumer_tag.len);
 		break;
 	}
 	case AMQP_BASIC_CANCEL_OK_METHOD: {

@@ -1,6 +1,8 @@
 /* rules: the per-vhost rules files, parsed, validated and compiled once. */
 #include "rules.h"
 
+#include "surplus.h"
+
 #include "topic.h"
 
 #include <cjson/cJSON.h>
@@ -391,7 +393,8 @@ static void rules_parse_idempotency(struct rules_ctx *c, const cJSON *list,
 				    struct rules_vhost *v)
 {
 	static const char *const keys[] = {
-	    "queue", "key", "lease_s", "retention_s", "in_progress_delay_s", "store", NULL};
+	    "queue",          "key",   "lease_s", "retention_s", "in_progress_delay_s",
+	    "prefetch_ahead", "store", NULL};
 	const cJSON *it;
 	char at[64];
 	int i = 0;
@@ -432,6 +435,8 @@ static void rules_parse_idempotency(struct rules_ctx *c, const cJSON *list,
 		d->retention_s = rules_int(c, it, at, "retention_s", 21600, 1, 365L * 86400);
 		d->in_progress_delay_s =
 		    rules_int(c, it, at, "in_progress_delay_s", 5, 0, 3600);
+		d->prefetch_ahead =
+		    rules_int(c, it, at, "prefetch_ahead", -1, 0, SURPLUS_EXTRA_MAX);
 		d->store = rules_parse_keys_store(c, it, at);
 		v->nidempotency++;
 	}

@@ -59,6 +59,7 @@ struct rules_idempotency {
 	enum rules_key key;
 	char *key_name; /* header name or JSON path */
 	long lease_s, retention_s, in_progress_delay_s;
+	long prefetch_ahead; /* beyond a consumer's prefetch; -1: surplus_auto */
 	enum rules_keys_store store;
 };
 

@@ -43,12 +43,13 @@ struct settle_note {
 	struct settle_emit e;
 };
 
-static void settle_emit_noted(void *arg, uint64_t tag, int multiple)
+/* Hooks hear of each delivery a settle covers (one basic.ack with
+ * multiple may cover many). */
+static void settle_noted(void *arg, uint64_t broker_tag)
 {
 	struct settle_note *n = arg;
 
-	settle_emit(&n->e, tag, multiple);
-	pipeline_settled(n->p, n->ch, n->e.id, tag);
+	pipeline_settled(n->p, n->ch, n->e.id, broker_tag);
 }
 
 /* A client's ack, nack or reject on a channel whose tags are mapped. */
@@ -78,7 +79,8 @@ int settle_client(struct pipeline *p, struct channel *ch, amqp_method_number_t i
 	}
 	if (n.e.out == NULL)
 		return 0; /* the broker leg is gone: nothing to tell it */
-	if (tagmap_settle(&ch->tags, tag, multiple, settle_emit_noted, &n) != 0) {
+	if (tagmap_covered(&ch->tags, tag, multiple, settle_noted, &n) != 0 ||
+	    tagmap_settle(&ch->tags, tag, multiple, settle_emit, &n.e) != 0) {
 		/* What the broker says for a tag it does not know. */
 		snprintf(why, whylen, "PRECONDITION_FAILED - unknown delivery tag %llu",
 			 (unsigned long long)tag);

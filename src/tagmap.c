@@ -114,7 +114,17 @@ uint64_t tagmap_deliver(struct tagmap *tm, uint64_t broker_tag, int needs_ack)
 {
 	uint64_t client = ++tm->next_client;
 
-	if (needs_ack && tagmap_push(&tm->out, client, broker_tag) != 0)
+	if (!needs_ack)
+		return client;
+	if (tm->out.len == 0) {
+		tm->disordered = 0;
+		tm->top_broker = 0;
+	}
+	if (broker_tag < tm->top_broker)
+		tm->disordered = 1;
+	else
+		tm->top_broker = broker_tag;
+	if (tagmap_push(&tm->out, client, broker_tag) != 0)
 		return 0;
 	return client;
 }
@@ -191,16 +201,22 @@ int tagmap_settle(struct tagmap *tm, uint64_t client_tag, int multiple, tagmap_e
 	}
 	if (n == 0)
 		return client_tag == 0 ? 0 : -1;
-	if (!tagmap_held_below(tm, top)) {
+	if (!tm->disordered && !tagmap_held_below(tm, top)) {
 		emit(arg, top, 1);
 		for (i = 0; i < p->len && tagmap_at(p, i)[SIDE_BROKER] <= top; i++)
 			tagmap_at(p, i)[SIDE_BROKER] = 0;
 	} else {
-		uint64_t *pair;
+		/* One by one: a single multiple settle up to top would also
+		 * cover a delivery held, or one the client has later. */
+		for (i = 0; i < p->len; i++) {
+			uint64_t *pair = tagmap_at(p, i);
 
-		for (i = 0; (pair = tagmap_next_live(p, &i, top)) != NULL; i++) {
-			emit(arg, pair[SIDE_BROKER], 0);
-			pair[SIDE_BROKER] = 0;
+			if (client_tag != 0 && pair[SIDE_CLIENT] > client_tag)
+				break;
+			if (pair[SIDE_BROKER] != 0) {
+				emit(arg, pair[SIDE_BROKER], 0);
+				pair[SIDE_BROKER] = 0;
+			}
 		}
 	}
 	tagmap_trim(p);

@@ -18,6 +18,9 @@ struct tagmap {
 	uint64_t *held;          /* broker tags the proxy holds, ascending */
 	size_t nheld, capheld;
 	uint64_t next_client; /* last client delivery tag issued */
+	uint64_t top_broker;  /* the highest broker tag in out */
+	int disordered;       /* out's broker side does not ascend (a kept
+			       * delivery went after a later one) */
 };
 
 /* A forwarded publish whose client confirm also waits for the proxy (its

@@ -18,6 +18,7 @@
 #include "../pipeline.h"
 #include "../rules.h"
 #include "../store/idem.h"
+#include "../surplus.h"
 #include "../vstats.h"
 #include "../worker.h"
 
@@ -573,12 +574,16 @@ static void idempotency_gate_one(void *arg, uint64_t broker_tag)
 		    g->st, e, g->how == AMQP_BASIC_ACK_METHOD ? IDEM_CONFIRM : IDEM_FORGET);
 		if (e->op == NULL) {
 			e->settling = e->settled = 1; /* cannot: let it go on */
+			pipeline_surplus_seen(g->st->p, g->ch, broker_tag);
 			return;
 		}
 		e->settling = 1;
 		e->counted = 1;
 		g->submitted++;
 		g->st->gate_pending++;
+		/* The client is done with it: its consumer may be sent the
+		 * next delivery while the confirm is made durable. */
+		pipeline_surplus_seen(g->st->p, g->ch, broker_tag);
 	}
 	if (!e->settled)
 		g->waiting = 1;
@@ -798,6 +803,20 @@ static void idempotency_channel_gone(void *state, struct pipeline *p, struct cha
 	}
 }
 
+/* Claims are made ahead of the client for a consumer of a rule's queue:
+ * the broker sends more than the client's prefetch (the rule's
+ * prefetch_ahead, or surplus_auto), the proxy keeps the rest. */
+static int idempotency_asks_ahead(void *state, struct pipeline *p, const char *queue,
+				  uint16_t prefetch)
+{
+	const struct rules_idempotency *r = idempotency_rule(p, queue);
+
+	(void)state;
+	if (r == NULL)
+		return 0;
+	return r->prefetch_ahead >= 0 ? (int)r->prefetch_ahead : surplus_auto(prefetch);
+}
+
 static const struct pipe_hook idempotency_hook = {
     .name = "idempotency",
     .attach = idempotency_attach,
@@ -809,6 +828,7 @@ static const struct pipe_hook idempotency_hook = {
     .channel_closed = idempotency_channel_gone,
     .recovered = idempotency_channel_gone,
     .held_input = idempotency_held_input,
+    .asks_ahead = idempotency_asks_ahead,
 };
 
 void idempotency_register(void)

@@ -104,6 +104,7 @@ START_TEST(design_example_loads)
 	ck_assert_int_eq(v->nidempotency, 1);
 	ck_assert_str_eq(v->idempotency[0].queue, "orders.new");
 	ck_assert_int_eq(v->idempotency[0].key, RULES_KEY_MESSAGE_ID);
+	ck_assert_int_eq(v->idempotency[0].prefetch_ahead, -1); /* surplus_auto */
 	ck_assert(rules_matches(&v->claim_check.match, "documents", 9, "document.pdf.big", 16));
 	ck_assert(!rules_matches(&v->claim_check.match, "documents", 9, "invoice.pdf", 11));
 	ck_assert(!rules_matches(&v->claim_check.match, "other", 5, "document.x", 10));
@@ -167,6 +168,12 @@ START_TEST(refusals)
 		"schedule.header", "must not be empty");
 	refused("{\"vhost\": \"a\", \"schedule\": {\"match\": [], \"engine\": 1}}",
 		"schedule.engine", "must be true or false");
+	refused("{\"vhost\": \"a\", \"idempotency\": [{\"queue\": \"q\", "
+		"\"prefetch_ahead\": 1001}]}",
+		"idempotency[0].prefetch_ahead", "1001 is out of range");
+	refused("{\"vhost\": \"a\", \"idempotency\": [{\"queue\": \"q\", "
+		"\"prefetch_ahead\": -1}]}",
+		"idempotency[0].prefetch_ahead", "-1 is out of range");
 	refused("{\"vhost\": \"a\", \"dedup_publish\": true}", "dedup_publish",
 		"must be an object");
 	refused("{\"vhost\": \"a\", \"dedup_publish\": {}}", "dedup_publish.match",

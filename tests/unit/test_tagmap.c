@@ -275,6 +275,50 @@ START_TEST(confirms_held_until_released)
 }
 END_TEST
 
+/* A kept delivery (broker 6) goes to the client after a later one (11):
+ * a multiple ack of the later one's client tag covers exactly what the
+ * client had, never the kept one now after it. */
+START_TEST(multiple_ack_with_a_kept_delivery_out_of_order)
+{
+	struct tagmap tm;
+	struct rec r = {0};
+	uint64_t c6, c11;
+
+	tagmap_init(&tm);
+	ck_assert_uint_eq(tagmap_deliver(&tm, 5, 1), 1);
+	ck_assert_int_eq(tagmap_hold(&tm, 6), 0);
+	c11 = tagmap_deliver(&tm, 11, 1);
+	ck_assert_uint_eq(c11, 2);
+	ck_assert_int_eq(tagmap_settle(&tm, 1, 0, record, &r), 0); /* room: 6 goes */
+	tagmap_unhold(&tm, 6);
+	c6 = tagmap_deliver(&tm, 6, 1);
+	ck_assert_uint_eq(c6, 3);
+	ck_assert_uint_eq(tagmap_deliver(&tm, 12, 1), 4);
+	r.n = 0;
+	ck_assert_int_eq(tagmap_settle(&tm, 2, 1, record, &r), 0);
+	ck_assert_int_eq(r.n, 1);
+	ck_assert_uint_eq(r.tag[0], 11);
+	ck_assert_int_eq(r.multiple[0], 0);
+	ck_assert_uint_eq(tagmap_outstanding(&tm), 2);
+	/* The rest, by an ack of everything: one by one, both. */
+	r.n = 0;
+	ck_assert_int_eq(tagmap_settle(&tm, 0, 1, record, &r), 0);
+	ck_assert_int_eq(r.n, 2);
+	ck_assert_uint_eq(r.tag[0], 6);
+	ck_assert_uint_eq(r.tag[1], 12);
+	ck_assert_uint_eq(tagmap_outstanding(&tm), 0);
+	/* In order again once nothing is out: one multiple ack. */
+	tagmap_deliver(&tm, 13, 1);
+	tagmap_deliver(&tm, 14, 1);
+	r.n = 0;
+	ck_assert_int_eq(tagmap_settle(&tm, 6, 1, record, &r), 0);
+	ck_assert_int_eq(r.n, 1);
+	ck_assert_uint_eq(r.tag[0], 14);
+	ck_assert_int_eq(r.multiple[0], 1);
+	tagmap_reset(&tm);
+}
+END_TEST
+
 int main(void)
 {
 	TCase *tc = tcase_create("core");
@@ -288,5 +332,6 @@ int main(void)
 	tcase_add_test(tc, confirms_with_answered_publishes);
 	tcase_add_test(tc, confirms_covered);
 	tcase_add_test(tc, confirms_held_until_released);
+	tcase_add_test(tc, multiple_ack_with_a_kept_delivery_out_of_order);
 	return unit_run("tagmap", tc, 1);
 }

@@ -15,6 +15,8 @@ QUEUES = {
     "acemq-idem-id": '"key": "message-id"',
     "acemq-idem-hdr": '"key": "header:x-request-id"',
     "acemq-idem-json": '"key": "json:order.id"',
+    # five asked for beyond any consumer's prefetch (test_surplus.py)
+    "acemq-idem-ahead": '"key": "message-id", "prefetch_ahead": 5',
 }
 
 

@@ -1,0 +1,122 @@
+/* pipeline_surplus: the pipeline's side of surplus.h. A delivery for a
+ * consumer the broker sends more than its prefetch is kept while the
+ * client has its prefetch's worth; each settle of the client (as soon as a
+ * hook sees it, before it goes upstream) lets the next one go. Settles are
+ * seen inside walks of a channel's tags, so they only mark the channel;
+ * pipeline_surplus_flow sends what may go once the walk is over. */
+#include "pipeline_int.h"
+
+#include "surplus.h"
+
+#include <event2/buffer.h>
+
+static void pipeline_surplus_drop(void *m)
+{
+	pipe_msg_free(m);
+}
+
+/* The consumer a delivery is for, when ch keeps deliveries for any. */
+static const amqp_bytes_t *pipeline_surplus_consumer(struct channel *ch, struct pipe_msg *m)
+{
+	if (ch->surplus == NULL || m->method_id != AMQP_BASIC_DELIVER_METHOD || m->no_ack)
+		return NULL;
+	return &((amqp_basic_deliver_t *)m->method)->consumer_tag;
+}
+
+/* What ch keeps for consumers with room goes to the client. */
+static void pipeline_surplus_flow_channel(struct pipeline *p, struct channel *ch)
+{
+	struct pipe_msg *m;
+	uint64_t tag;
+
+	while (ch->surplus && (m = surplus_next(ch->surplus, &tag)) != NULL) {
+		tagmap_unhold(&ch->tags, tag);
+		if (ch->proxy_closing)
+			pipe_msg_free(m); /* the close gives it back */
+		else if (pipeline_deliver_now(p, ch, m) != 0)
+			pipeline_close(p, 541, "INTERNAL_ERROR - out of memory");
+	}
+}
+
+int pipeline_surplus_admit(struct pipeline *p, struct channel *ch, struct pipe_msg *m)
+{
+	const amqp_bytes_t *c = pipeline_surplus_consumer(ch, m);
+	size_t size;
+
+	if (c == NULL)
+		return 0;
+	size = evbuffer_get_length(m->raw) + (m->body ? evbuffer_get_length(m->body) : 0);
+	switch (surplus_admit(ch->surplus, c->bytes, c->len, m->broker_tag, m, size, 0)) {
+	case SURPLUS_KEPT:
+		/* Kept (the channel frees it if it goes first); without the
+		 * memory to note it held, the session closes. */
+		return tagmap_hold(&ch->tags, m->broker_tag) == 0 ? 1 : -1;
+	case SURPLUS_FULL:
+		/* The channel keeps enough bytes: what was kept for the
+		 * consumer goes, and this one after it. */
+		pipeline_surplus_flow_channel(p, ch);
+		(void)surplus_admit(ch->surplus, c->bytes, c->len, m->broker_tag, m, size, 1);
+		return 0;
+	default:
+		return 0;
+	}
+}
+
+void pipeline_surplus_stream(struct pipeline *p, struct channel *ch, struct pipe_msg *m)
+{
+	const amqp_bytes_t *c = pipeline_surplus_consumer(ch, m);
+
+	if (c == NULL)
+		return;
+	/* A stream cannot wait: it goes now, past the client's prefetch if it
+	 * must, after what was kept for its consumer. */
+	surplus_drain(ch->surplus, c->bytes, c->len);
+	pipeline_surplus_flow_channel(p, ch);
+	(void)surplus_admit(ch->surplus, c->bytes, c->len, m->broker_tag, m, 0, 1);
+}
+
+void pipeline_surplus_flow(struct pipeline *p)
+{
+	struct surplus *s;
+	struct channel *ch;
+
+	while ((s = list_first_entry(&p->surplus_due, struct surplus, due)) != NULL) {
+		list_del(&s->due);
+		ch = pipeline_channel(p, s->channel);
+		if (ch && ch->surplus == s)
+			pipeline_surplus_flow_channel(p, ch);
+	}
+}
+
+int pipeline_surplus_ahead(struct pipeline *p, const char *queue, uint16_t prefetch)
+{
+	int i, n, most = 0;
+
+	for (i = 0; queue && i < p->nhooks; i++)
+		if (p->hooks[i]->asks_ahead &&
+		    (n = p->hooks[i]->asks_ahead(p->hook_state[i], p, queue, prefetch)) > most)
+			most = n;
+	return most;
+}
+
+void pipeline_surplus_seen(struct pipeline *p, struct channel *ch, uint64_t broker_tag)
+{
+	if (ch->surplus && surplus_settled(ch->surplus, broker_tag) &&
+	    !list_linked(&ch->surplus->due))
+		list_add_tail(&ch->surplus->due, &p->surplus_due);
+}
+
+void pipeline_surplus_cancel(struct pipeline *p, struct channel *ch, const void *tag,
+			     size_t len)
+{
+	if (ch->surplus == NULL)
+		return;
+	surplus_cancel(ch->surplus, tag, len);
+	pipeline_surplus_flow_channel(p, ch);
+}
+
+void pipeline_surplus_recover(struct pipeline *p, struct channel *ch)
+{
+	(void)p;
+	surplus_recover(ch->surplus, pipeline_surplus_drop);
+}

@@ -1,0 +1,219 @@
+"""The surplus: for a consumer of an idempotency queue the proxy asks the
+broker for more than the client's prefetch (the rule's prefetch_ahead, or
+three times the prefetch from a prefetch of 20 on) and keeps what is past
+the client's prefetch, so claims run ahead of the client. Through the real proxy with
+pika and a real broker: the client never has more unacked than it asked
+for, gets everything once and in order, and what was kept is neither
+acknowledged for it nor lost (cancel, recover, a multiple ack, a close)."""
+import time
+import uuid
+
+import pika
+
+Q = "acemq-idem-ahead"  # prefetch_ahead 5
+AUTO = "acemq-idem-id"  # prefetch_ahead not set
+PLAIN = "acemq-surplus-plain"
+
+
+def publish(queue, n, keyed=True, tag="m"):
+    c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", 5672))
+    ch = c.channel()
+    ch.confirm_delivery()
+    run = uuid.uuid4().hex
+    for i in range(n):
+        props = pika.BasicProperties(message_id="%s-%d" % (run, i)) if keyed else None
+        ch.basic_publish("", queue, b"%s%d" % (tag.encode(), i), props)
+    c.close()
+
+
+def ready(queue):
+    """Messages the broker has not sent to any consumer."""
+    c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", 5672))
+    n = c.channel().queue_declare(queue, passive=True).method.message_count
+    c.close()
+    return n
+
+
+def wait_ready(queue, n, timeout=5.0):
+    end = time.monotonic() + timeout
+    while ready(queue) != n and time.monotonic() < end:
+        time.sleep(0.1)
+    return ready(queue)
+
+
+class Consumer:
+    """A pika consumer that records deliveries and acks only when told."""
+
+    def __init__(self, port, prefetch):
+        self.c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+        self.ch = self.c.channel()
+        self.ch.basic_qos(prefetch_count=prefetch)
+        self.got = []  # (consumer tag, delivery tag, body)
+
+    def consume(self, queue):
+        return self.ch.basic_consume(
+            queue, lambda ch, m, p, b: self.got.append((m.consumer_tag, m.delivery_tag, b)))
+
+    def pump(self, seconds=0.5):
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            self.c.process_data_events(time_limit=0.05)
+
+    def pump_until(self, n, timeout=5.0):
+        end = time.monotonic() + timeout
+        while len(self.got) < n and time.monotonic() < end:
+            self.c.process_data_events(time_limit=0.05)
+        return len(self.got)
+
+    def close(self):
+        self.c.close()
+
+
+def test_client_never_has_more_than_its_prefetch(proxy, fresh):
+    publish(Q, 50)
+    c = Consumer(proxy.port, 5)
+    c.consume(Q)
+    c.pump(1.5)
+    # The client has its prefetch; the broker sent five more.
+    assert len(c.got) == 5
+    assert wait_ready(Q, 40) == 40
+    # Each ack makes room for one more, at once.
+    for i in range(3):
+        c.ch.basic_ack(c.got[i][1])
+    assert c.pump_until(8) == 8
+    c.pump(0.5)
+    assert len(c.got) == 8
+    assert wait_ready(Q, 37) == 37
+    # Acked in batches (multiple), everything comes, once, in order.
+    while len(c.got) < 50:
+        c.ch.basic_ack(c.got[-1][1], multiple=True)
+        c.pump_until(len(c.got) + 5)
+    c.ch.basic_ack(c.got[-1][1], multiple=True)
+    c.pump(0.5)
+    assert [g[2] for g in c.got] == [b"m%d" % i for i in range(50)]
+    assert [g[1] for g in c.got] == list(range(1, 51))
+    c.close()
+    assert wait_ready(Q, 0) == 0
+
+
+def test_ahead_by_default_only_from_a_prefetch_of_20(proxy, fresh):
+    publish(AUTO, 100)
+    c = Consumer(proxy.port, 10)
+    c.consume(AUTO)
+    c.pump(1.0)
+    assert len(c.got) == 10
+    assert wait_ready(AUTO, 90) == 90  # a work queue's prefetch: as asked
+    c.close()
+    assert wait_ready(AUTO, 100) == 100
+    c = Consumer(proxy.port, 20)
+    c.consume(AUTO)
+    c.pump(1.0)
+    assert len(c.got) == 20
+    assert wait_ready(AUTO, 20) == 20  # 20 and three times as many
+    c.close()
+    assert wait_ready(AUTO, 100) == 100
+
+
+def test_closing_gives_back_what_was_kept(proxy, fresh):
+    publish(Q, 30)
+    c = Consumer(proxy.port, 5)
+    c.consume(Q)
+    c.pump(1.0)
+    assert len(c.got) == 5
+    assert wait_ready(Q, 20) == 20
+    c.ch.basic_ack(c.got[1][1], multiple=True)  # two of them
+    c.pump_until(7)
+    c.close()
+    # Everything not acked is back, and its claims were given up: a new
+    # consumer gets all of it.
+    assert wait_ready(Q, 28) == 28
+    d = Consumer(proxy.port, 100)
+    d.consume(Q)
+    d.pump_until(28)
+    assert sorted(g[2] for g in d.got) == sorted(b"m%d" % i for i in range(2, 30))
+    d.ch.basic_ack(0, multiple=True)
+    d.pump(0.3)
+    d.close()
+    assert wait_ready(Q, 0) == 0
+
+
+def test_cancel_delivers_what_was_kept_first(proxy, fresh):
+    publish(Q, 30)
+    c = Consumer(proxy.port, 5)
+    tag = c.consume(Q)
+    c.pump(1.0)
+    assert len(c.got) == 5
+    assert wait_ready(Q, 20) == 20
+    # The five kept reach the client before its cancel-ok (pika gives back
+    # what arrives for a cancelled consumer: basic.nack with requeue).
+    c.ch.basic_cancel(tag)
+    for g in c.got:
+        c.ch.basic_ack(g[1])
+    c.pump(0.3)
+    assert len(c.got) == 5
+    # Nothing is held for the cancelled consumer while the connection lives.
+    assert wait_ready(Q, 25) == 25
+    c.close()
+    d = Consumer(proxy.port, 100)
+    d.consume(Q)
+    d.pump_until(25)
+    assert sorted(g[2] for g in d.got) == sorted(b"m%d" % i for i in range(5, 30))
+    d.ch.basic_ack(0, multiple=True)
+    d.pump(0.3)
+    d.close()
+    assert wait_ready(Q, 0) == 0
+
+
+def test_recover_redelivers_what_was_kept_once(proxy, fresh):
+    publish(Q, 20)
+    c = Consumer(proxy.port, 5)
+    c.consume(Q)
+    c.pump(1.0)
+    assert len(c.got) == 5
+    c.ch.basic_recover(requeue=True)
+    c.got = []
+    # Acked as they come: each message once, whatever was kept before.
+    end = time.monotonic() + 10
+    seen = 0
+    while time.monotonic() < end and len(c.got) < 20:
+        c.c.process_data_events(time_limit=0.05)
+        for g in c.got[seen:]:
+            c.ch.basic_ack(g[1])
+        seen = len(c.got)
+    c.pump(0.5)
+    assert sorted(g[2] for g in c.got) == sorted(b"m%d" % i for i in range(20))
+    c.close()
+    assert wait_ready(Q, 0) == 0
+
+
+def test_a_multiple_ack_never_covers_what_was_kept(proxy, fresh):
+    """Two consumers on one channel: one with a surplus (kept deliveries
+    come out of broker order), one without. A multiple ack covers exactly
+    what the client had."""
+    c0 = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", 5672))
+    c0.channel().queue_declare(PLAIN)
+    c0.channel().queue_purge(PLAIN)
+    c0.close()
+    publish(Q, 20)
+    c = Consumer(proxy.port, 5)
+    ka = c.consume(Q)
+    c.pump(1.0)
+    assert len(c.got) == 5
+    publish(PLAIN, 20, keyed=False, tag="p")
+    c.consume(PLAIN)
+    c.pump_until(10)
+    c.pump(0.5)
+    assert len(c.got) == 10
+    # One of Q's is acked: a kept one goes out, after PLAIN's.
+    first = [g for g in c.got if g[0] == ka][0]
+    c.ch.basic_ack(first[1])
+    c.pump_until(11)
+    assert len(c.got) == 11 and c.got[-1][0] == ka
+    # Everything up to the last PLAIN delivery, not the one just sent.
+    last_plain = [g for g in c.got if g[0] != ka][-1]
+    c.ch.basic_ack(last_plain[1], multiple=True)
+    c.pump(0.5)
+    c.close()
+    # Acked at the broker: Q's first five, PLAIN's five; not the sixth of Q.
+    assert wait_ready(Q, 15) == 15
+    assert wait_ready(PLAIN, 15) == 15
