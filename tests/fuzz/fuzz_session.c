@@ -84,6 +84,7 @@ struct fuzz {
 	uint64_t confirm_seq[8];     /* per channel (mod 8): publishes seen */
 	uint8_t confirm_on[8];
 	uint64_t deliver_tag[8];
+	unsigned next_id; /* message-ids never used before in this input */
 };
 
 static struct fuzz fz;
@@ -295,6 +296,7 @@ static void fuzz_body(struct evbuffer *b, uint16_t ch, uint8_t p, const char *rk
 	amqp_basic_properties_t props = {0};
 	amqp_table_entry_t e[3];
 	size_t len = (size_t)p * 97, i;
+	char id[16];
 	struct evbuffer *body = evbuffer_new();
 
 	props._flags = AMQP_BASIC_CONTENT_TYPE_FLAG;
@@ -306,15 +308,20 @@ static void fuzz_body(struct evbuffer *b, uint16_t ch, uint8_t p, const char *rk
 	props.headers.entries = e;
 	if (p & 0x80) {
 		/* A message-id from a few: duplicates for the idempotency rule,
-		 * and the same in the publish-dedup header. */
+		 * and the same in the publish-dedup header; or (p & 0x40, with
+		 * no claim check) one of its own, claimed every time. */
 		static const char *const ids[4] = {"m0", "m1", "m2", "m3"};
 		amqp_table_entry_t *d = &e[props.headers.num_entries++];
 
 		props._flags |= AMQP_BASIC_MESSAGE_ID_FLAG | AMQP_BASIC_HEADERS_FLAG;
 		props.message_id = fuzz_str(ids[p & 3]);
+		if ((p & 0x70) == 0x40) {
+			snprintf(id, sizeof(id), "u%u", fz.next_id++);
+			props.message_id = fuzz_str(id);
+		}
 		d->key = fuzz_str("x-deduplication-header");
 		d->value.kind = AMQP_FIELD_KIND_UTF8;
-		d->value.value.bytes = fuzz_str(ids[p & 3]);
+		d->value.value.bytes = props.message_id;
 	}
 	if (p & 4) {
 		amqp_table_entry_t *r = &e[props.headers.num_entries++];
@@ -368,7 +375,7 @@ static void fuzz_client_frame(uint8_t k, uint8_t p)
 	static const uint8_t header[8] = {'A', 'M', 'Q', 'P', 0, 0, 9, 1};
 	static const uint8_t heartbeat[8] = {8, 0, 0, 0, 0, 0, 0, 0xCE};
 
-	switch (k % 20) {
+	switch (k % 22) {
 	case 0:
 		evbuffer_add(b, header, 8);
 		break;
@@ -465,6 +472,20 @@ static void fuzz_client_frame(uint8_t k, uint8_t p)
 		/* A body with no method before it. */
 		fuzz_body(b, ch, p | 8, "rk");
 		break;
+	case 20: {
+		/* A prefetch the idempotency rule asks ahead for (20 or more), a
+		 * small one, or one for the channel. */
+		amqp_basic_qos_t m = {0, (uint16_t)(p & 0x40 ? p & 3 : 20 + (p & 7)),
+				      (p & 0x80) != 0};
+		method_write(b, ch, AMQP_BASIC_QOS_METHOD, &m);
+		break;
+	}
+	case 21: {
+		amqp_basic_cancel_t m = {.consumer_tag = fuzz_str(p & 1 ? "ctag" : "other"),
+					 .nowait = (p & 2) != 0};
+		method_write(b, ch, AMQP_BASIC_CANCEL_METHOD, &m);
+		break;
+	}
 	default: {
 		amqp_basic_recover_t m = {p & 1};
 		method_write(b, ch, AMQP_BASIC_RECOVER_METHOD, &m);
@@ -480,7 +501,7 @@ static void fuzz_broker_frame(struct evbuffer *b, uint8_t k, uint8_t p)
 	uint16_t ch = (uint16_t)(1 + p % 3);
 	static const uint8_t heartbeat[8] = {8, 0, 0, 0, 0, 0, 0, 0xCE};
 
-	switch (k % 16) {
+	switch (k % 17) {
 	case 0: {
 		amqp_connection_start_t m = {.version_major = 0,
 					     .version_minor = 9,
@@ -561,6 +582,12 @@ static void fuzz_broker_frame(struct evbuffer *b, uint8_t k, uint8_t p)
 		method_write(b, ch, AMQP_CHANNEL_CLOSE_OK_METHOD,
 			     &(amqp_channel_close_ok_t){0});
 		break;
+	case 16: {
+		/* The broker cancels a consumer (its queue was deleted). */
+		amqp_basic_cancel_t m = {.consumer_tag = fuzz_str(p & 4 ? "ctag" : "other")};
+		method_write(b, ch, AMQP_BASIC_CANCEL_METHOD, &m);
+		break;
+	}
 	default:
 		if (p & 0x80) /* the answer to the pool's qos(0) that keeps a channel */
 			method_write(b, ch, AMQP_BASIC_QOS_OK_METHOD,
@@ -791,6 +818,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	memset(fz.confirm_seq, 0, sizeof(fz.confirm_seq));
 	memset(fz.confirm_on, 0, sizeof(fz.confirm_on));
 	memset(fz.deliver_tag, 0, sizeof(fz.deliver_tag));
+	fz.next_id = 0;
 	evbuffer_drain(fz.from_proxy, evbuffer_get_length(fz.from_proxy));
 	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0)
 		return 0;
