@@ -33,10 +33,7 @@ struct surplus_consumer {
 
 uint16_t surplus_auto(uint16_t prefetch)
 {
-	if (prefetch < SURPLUS_AUTO_MIN)
-		return 0;
-	return 3u * prefetch < SURPLUS_EXTRA_MAX ? (uint16_t)(3u * prefetch)
-						 : SURPLUS_EXTRA_MAX;
+	return prefetch < SURPLUS_AUTO_MIN ? 0 : SURPLUS_EXTRA_MAX;
 }
 
 uint16_t surplus_prefetch(uint16_t prefetch, uint16_t extra)

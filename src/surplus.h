@@ -34,13 +34,15 @@ struct surplus {
 };
 
 /* Below this prefetch a consumer is taken for a work queue's (fair
- * dispatch among consumers, long handlers): nothing is asked ahead for it
- * unless its rule says how much. */
-#define SURPLUS_AUTO_MIN 20
+ * dispatch among consumers, long handlers: a delivery kept behind a busy
+ * consumer would wait while another is idle): nothing is asked ahead for
+ * it unless its rule says how much. From it on, a throughput consumer's. */
+#define SURPLUS_AUTO_MIN 100
 
 /* How many to ask for beyond a client's prefetch when its rule does not
- * say: three times the prefetch, up to SURPLUS_EXTRA_MAX, from a prefetch
- * of SURPLUS_AUTO_MIN on; none below it. */
+ * say: SURPLUS_EXTRA_MAX from a prefetch of SURPLUS_AUTO_MIN on (what a
+ * consumer at full speed gets through while a claim and a confirm are made
+ * durable, with room to spare), none below it. */
 uint16_t surplus_auto(uint16_t prefetch);
 /* What to ask the broker for: the client's prefetch and extra, bounded. */
 uint16_t surplus_prefetch(uint16_t prefetch, uint16_t extra);

@@ -473,9 +473,9 @@ static void fuzz_client_frame(uint8_t k, uint8_t p)
 		fuzz_body(b, ch, p | 8, "rk");
 		break;
 	case 20: {
-		/* A prefetch the idempotency rule asks ahead for (20 or more), a
-		 * small one, or one for the channel. */
-		amqp_basic_qos_t m = {0, (uint16_t)(p & 0x40 ? p & 3 : 20 + (p & 7)),
+		/* A prefetch the idempotency rule asks ahead for (100 or more),
+		 * a small one, or one for the channel. */
+		amqp_basic_qos_t m = {0, (uint16_t)(p & 0x40 ? p & 3 : 100 + (p & 7)),
 				      (p & 0x80) != 0};
 		method_write(b, ch, AMQP_BASIC_QOS_METHOD, &m);
 		break;

@@ -245,20 +245,20 @@ session_seeds_pool = {
     + bytes([AUTO_BROKER]) + PAUSE,
 }
 session_seeds_surplus = {
-    # a prefetch of 20 on channel 1 (cf 20, p 0) and a consume of "q":
-    # the proxy asks the broker for 80 (its qos before the consume, the
-    # client's after, both answered); 25 deliveries with message-ids of
+    # a prefetch of 100 on channel 1 (cf 20, p 0) and a consume of "q":
+    # the proxy asks the broker for 1100 (its qos before the consume, the
+    # client's after, both answered); 105 deliveries with message-ids of
     # their own (0xC6: channel 1, consumer ctag, p & 0x40 a fresh id), five
     # kept past the prefetch; acks (one, multiple, one) let them go while
     # the confirms are out; the client cancels with some kept, then a
     # recover, the broker's own cancel, and the close
     "idempotency-surplus": HANDSHAKE + cf(4, 0) + cf(20, 0) + cf(7, 9) + PAUSE
-    + bf(5, 0xC6) * 25 + PAUSE * 8 + cf(8, 12) + cf(8, 0x15) + cf(8, 36) + PAUSE * 4
+    + bf(5, 0xC6) * 105 + PAUSE * 8 + cf(8, 12) + cf(8, 0x15) + cf(8, 36) + PAUSE * 4
     + bf(5, 0xC6) * 4 + PAUSE * 4 + cf(21, 9) + PAUSE + cf(19, 0) + bf(16, 0x84) + PAUSE
     + cf(13),
     # the client vanishes with deliveries kept and confirms out
     "idempotency-surplus-client-vanishes": HANDSHAKE + cf(4, 0) + cf(20, 0) + cf(7, 9)
-    + PAUSE + bf(5, 0xC6) * 24 + PAUSE * 8 + cf(8, 0x2d) + bytes([CLIENT_CLOSE]) + PAUSE,
+    + PAUSE + bf(5, 0xC6) * 104 + PAUSE * 8 + cf(8, 0x2d) + bytes([CLIENT_CLOSE]) + PAUSE,
 }
 for name, data in session_seeds_surplus.items():
     with open(os.path.join(here, "corpus", "session", name), "wb") as f:

@@ -41,9 +41,10 @@ START_TEST(prefetch_asked)
 {
 	ck_assert_uint_eq(surplus_auto(1), 0);
 	ck_assert_uint_eq(surplus_auto(SURPLUS_AUTO_MIN - 1), 0);
-	ck_assert_uint_eq(surplus_auto(SURPLUS_AUTO_MIN), 3 * SURPLUS_AUTO_MIN);
-	ck_assert_uint_eq(surplus_auto(100), 300);
-	ck_assert_uint_eq(surplus_auto(500), SURPLUS_EXTRA_MAX);
+	ck_assert_uint_eq(surplus_auto(SURPLUS_AUTO_MIN), SURPLUS_EXTRA_MAX);
+	ck_assert_uint_eq(surplus_auto(99), 0);
+	ck_assert_uint_eq(surplus_auto(100), 1000);
+	ck_assert_uint_eq(surplus_auto(65535), SURPLUS_EXTRA_MAX);
 	ck_assert_uint_eq(surplus_prefetch(1, 1), 2);
 	ck_assert_uint_eq(surplus_prefetch(100, 300), 400);
 	ck_assert_uint_eq(surplus_prefetch(5, 60000), 5 + SURPLUS_EXTRA_MAX);

@@ -312,7 +312,9 @@ def _run(proc, port, admin, rules):
         try:
             c = pika.BlockingConnection(params)
             cch = c.channel()
-            cch.basic_qos(prefetch_count=50)
+            # 100: idempotency asks the broker for 1000 more and keeps
+            # them (claims ahead of the client)
+            cch.basic_qos(prefetch_count=100)
             idle_since = None
             for method, props, body in cch.consume(queue, inactivity_timeout=0.5):
                 if method is None:

@@ -1,6 +1,6 @@
 """The surplus: for a consumer of an idempotency queue the proxy asks the
 broker for more than the client's prefetch (the rule's prefetch_ahead, or
-three times the prefetch from a prefetch of 20 on) and keeps what is past
+1000 from a prefetch of 100 on) and keeps what is past
 the client's prefetch, so claims run ahead of the client. Through the real proxy with
 pika and a real broker: the client never has more unacked than it asked
 for, gets everything once and in order, and what was kept is neither
@@ -96,22 +96,22 @@ def test_client_never_has_more_than_its_prefetch(proxy, fresh):
     assert wait_ready(Q, 0) == 0
 
 
-def test_ahead_by_default_only_from_a_prefetch_of_20(proxy, fresh):
-    publish(AUTO, 100)
-    c = Consumer(proxy.port, 10)
+def test_ahead_by_default_only_from_a_prefetch_of_100(proxy, fresh):
+    publish(AUTO, 1200)
+    c = Consumer(proxy.port, 99)
     c.consume(AUTO)
     c.pump(1.0)
-    assert len(c.got) == 10
-    assert wait_ready(AUTO, 90) == 90  # a work queue's prefetch: as asked
+    assert len(c.got) == 99
+    assert wait_ready(AUTO, 1101) == 1101  # a work queue's prefetch: as asked
     c.close()
-    assert wait_ready(AUTO, 100) == 100
-    c = Consumer(proxy.port, 20)
+    assert wait_ready(AUTO, 1200) == 1200
+    c = Consumer(proxy.port, 100)
     c.consume(AUTO)
-    c.pump(1.0)
-    assert len(c.got) == 20
-    assert wait_ready(AUTO, 20) == 20  # 20 and three times as many
+    c.pump(1.5)
+    assert len(c.got) == 100
+    assert wait_ready(AUTO, 100) == 100  # 100 and 1000 kept by the proxy
     c.close()
-    assert wait_ready(AUTO, 100) == 100
+    assert wait_ready(AUTO, 1200) == 1200
 
 
 def test_closing_gives_back_what_was_kept(proxy, fresh):
