@@ -45,12 +45,12 @@ static void host_close(void *owner, uint16_t code, const char *text)
 	session_close(owner, code, text);
 }
 
-static void host_lookahead(void *owner, enum chan_dir from,
+static void host_lookahead(void *owner, enum chan_dir from, struct pipeline_mark *mark,
 			   int (*fn)(void *arg, const struct frame_info *fi,
 				     const uint8_t *payload, size_t len),
 			   void *arg)
 {
-	relay_lookahead(owner, from, fn, arg);
+	relay_lookahead(owner, from, mark, fn, arg);
 }
 
 /* A completion that arrived off the session's stack runs under the

@@ -82,12 +82,12 @@ void pipeline_channel_error(struct pipeline *p, struct channel *ch, uint16_t cod
 	p->host->channel_error(p->owner, ch, code, text, class_id, method_id);
 }
 
-void pipeline_lookahead(struct pipeline *p, enum chan_dir from,
+void pipeline_lookahead(struct pipeline *p, enum chan_dir from, struct pipeline_mark *mark,
 			int (*fn)(void *arg, const struct frame_info *fi,
 				  const uint8_t *payload, size_t len),
 			void *arg)
 {
-	p->host->lookahead(p->owner, from, fn, arg);
+	p->host->lookahead(p->owner, from, mark, fn, arg);
 }
 
 int pipeline_call(struct pipeline *p, void (*fn)(struct pipeline *p, void *arg), void *arg)

@@ -21,6 +21,22 @@ struct pipeline;
 
 #define PIPELINE_MAX_HOOKS 8
 
+/* Where a hook's look-ahead on a leg got to: the next one starts there
+ * instead of at the first frame waiting (zeroed: at the first). */
+struct pipeline_mark {
+	const void *leg; /* the leg's transport it was taken on */
+	uint64_t at;     /* a frame's start, counted in the leg's bytes read */
+};
+
+/* What a look-ahead callback answers for a frame. */
+enum {
+	PIPELINE_AHEAD_ON = 0,    /* looked at: the next one */
+	PIPELINE_AHEAD_STOP = 1,  /* stop here */
+	PIPELINE_AHEAD_AGAIN = 2, /* the next one, but look at this one again
+				   * next time (a message starts here whose
+				   * header is not in yet) */
+};
+
 /* What the pipeline asks of the connection that carries it. The session
  * sets it when it attaches; the pipeline never sees the session itself.
  * None of these runs the connection's pump: a leg that can go on again
@@ -41,8 +57,8 @@ struct pipeline_host {
 	/* The channel with this number, or NULL (never created here). */
 	struct channel *(*channel)(void *owner, uint16_t id);
 	/* Each complete frame not yet looked at on the leg that sends
-	 * towards from (see pipeline_lookahead). */
-	void (*lookahead)(void *owner, enum chan_dir from,
+	 * towards from, from mark on (see pipeline_lookahead). */
+	void (*lookahead)(void *owner, enum chan_dir from, struct pipeline_mark *mark,
 			  int (*fn)(void *arg, const struct frame_info *fi,
 				    const uint8_t *payload, size_t len),
 			  void *arg);
@@ -204,7 +220,10 @@ void pipeline_wake(struct pipeline *p, enum chan_dir from);
 void pipeline_close(struct pipeline *p, uint16_t code, const char *text);
 void pipeline_channel_error(struct pipeline *p, struct channel *ch, uint16_t code,
 			    const char *text, uint16_t class_id, uint16_t method_id);
-void pipeline_lookahead(struct pipeline *p, enum chan_dir from,
+/* fn for each complete frame waiting on the leg that sends towards from,
+ * from *mark on (NULL: from the first); *mark then says where to start
+ * next time. fn answers PIPELINE_AHEAD_*. */
+void pipeline_lookahead(struct pipeline *p, enum chan_dir from, struct pipeline_mark *mark,
 			int (*fn)(void *arg, const struct frame_info *fi,
 				  const uint8_t *payload, size_t len),
 			void *arg);

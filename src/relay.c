@@ -592,7 +592,7 @@ int relay_pump(struct session *s, struct leg *from)
 	return 0;
 }
 
-void relay_lookahead(struct session *s, enum chan_dir from,
+void relay_lookahead(struct session *s, enum chan_dir from, struct pipeline_mark *mark,
 		     int (*fn)(void *arg, const struct frame_info *fi, const uint8_t *payload,
 			       size_t len),
 		     void *arg)
@@ -603,14 +603,22 @@ void relay_lookahead(struct session *s, enum chan_dir from,
 	struct evbuffer_ptr pos;
 	struct frame_info fi;
 	struct evbuffer *in;
-	size_t off = 0;
-	int n;
+	uint64_t read, sent, first; /* bytes the leg read; where its input starts */
+	size_t off = 0, again = (size_t)-1;
+	int n, rc = PIPELINE_AHEAD_ON;
 
 	if (l->tr == NULL || s->state != SESSION_OPEN)
 		return;
 	if (max < (uint32_t)worker_settings.max_frame_pre_tune)
 		max = (uint32_t)worker_settings.max_frame_pre_tune;
 	in = transport_input(l->tr);
+	transport_bytes(l->tr, &read, &sent);
+	first = read - evbuffer_get_length(in);
+	/* Frames before the mark were looked at already (the input holds
+	 * whole frames from its start: the mark is a frame's start too). */
+	if (mark && mark->leg == l->tr && mark->at > first &&
+	    mark->at - first <= evbuffer_get_length(in))
+		off = (size_t)(mark->at - first);
 	for (n = 0; n < 4096; n++) {
 		const uint8_t *p = NULL;
 		size_t plen = 0;
@@ -625,8 +633,17 @@ void relay_lookahead(struct session *s, enum chan_dir from,
 			p = scratch;
 			plen = fi.size;
 		}
-		if (fn(arg, &fi, p, plen))
+		rc = fn(arg, &fi, p, plen);
+		if (rc == PIPELINE_AHEAD_STOP)
 			break;
+		if (rc == PIPELINE_AHEAD_AGAIN && again == (size_t)-1)
+			again = off;
+		else if (rc == PIPELINE_AHEAD_ON)
+			again = (size_t)-1;
 		off += frame_scan_wire_len(&fi);
+	}
+	if (mark) {
+		mark->leg = l->tr;
+		mark->at = first + (again != (size_t)-1 ? again : off);
 	}
 }

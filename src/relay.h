@@ -6,6 +6,7 @@
 #define ACEMQ_RELAY_H
 
 #include "channel.h"
+#include "pipeline.h"
 
 #include <amqp.h>
 #include <stddef.h>
@@ -34,7 +35,7 @@ void relay_forward(struct session *s, struct leg *from, size_t len);
 int relay_content_method(struct session *s, struct leg *from, struct channel *ch,
 			 const struct frame_info *fi, amqp_method_number_t id, void *decoded);
 /* For hooks that batch store work (pipeline_lookahead). */
-void relay_lookahead(struct session *s, enum chan_dir from,
+void relay_lookahead(struct session *s, enum chan_dir from, struct pipeline_mark *mark,
 		     int (*fn)(void *arg, const struct frame_info *fi, const uint8_t *payload,
 			       size_t len),
 		     void *arg);

@@ -713,7 +713,7 @@ static enum pipe_verdict dedup_publish_message(void *state, struct pipeline *p,
 	memset(&a, 0, sizeof(a));
 	a.st = st;
 	a.r = r;
-	pipeline_lookahead(p, DIR_TO_BROKER, dedup_publish_ahead_frame, &a);
+	pipeline_lookahead(p, DIR_TO_BROKER, NULL, dedup_publish_ahead_frame, &a);
 	return PIPE_WAIT;
 }
 

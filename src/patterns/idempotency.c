@@ -85,9 +85,10 @@ struct idempotency {
 		struct vstats *vs;
 	} vs[IDEMPOTENCY_VSTATS];
 	unsigned vs_next;
-	int gate_pending; /* counted settles not yet done */
-	int gate_waiting; /* a client settle waits for them */
-	amqp_pool_t pool; /* look-ahead decoding */
+	struct pipeline_mark ahead[2]; /* where the look-ahead got to, by leg */
+	int gate_pending;              /* counted settles not yet done */
+	int gate_waiting;              /* a client settle waits for them */
+	amqp_pool_t pool;              /* look-ahead decoding */
 };
 
 static uint64_t idempotency_instance;
@@ -530,6 +531,8 @@ static int idempotency_ahead_delivery(void *arg, const struct frame_info *fi,
 		a->channel = fi->channel;
 		a->tag = d->delivery_tag;
 		snprintf(a->queue, sizeof(a->queue), "%s", q);
+		recycle_amqp_pool(&st->pool);
+		return PIPELINE_AHEAD_AGAIN; /* until its header is in */
 	} else if (fi->type == FRAME_HEADER && payload && a->pending &&
 		   fi->channel == a->channel) {
 		amqp_basic_properties_t *props = NULL;
@@ -723,7 +726,8 @@ static enum pipe_verdict idempotency_message(void *state, struct pipeline *p,
 		memset(&a, 0, sizeof(a));
 		a.st = st;
 		a.p = p;
-		pipeline_lookahead(p, DIR_TO_CLIENT, idempotency_ahead_delivery, &a);
+		pipeline_lookahead(p, DIR_TO_CLIENT, &st->ahead[DIR_TO_CLIENT],
+				   idempotency_ahead_delivery, &a);
 	}
 	return PIPE_WAIT;
 }
@@ -739,9 +743,11 @@ static void idempotency_held_input(void *state, struct pipeline *p, int from)
 	a.st = st;
 	a.p = p;
 	if (from == DIR_TO_CLIENT)
-		pipeline_lookahead(p, DIR_TO_CLIENT, idempotency_ahead_delivery, &a);
+		pipeline_lookahead(p, DIR_TO_CLIENT, &st->ahead[DIR_TO_CLIENT],
+				   idempotency_ahead_delivery, &a);
 	else if (st->gate_waiting)
-		pipeline_lookahead(p, DIR_TO_BROKER, idempotency_ahead_settle, &a);
+		pipeline_lookahead(p, DIR_TO_BROKER, &st->ahead[DIR_TO_BROKER],
+				   idempotency_ahead_settle, &a);
 }
 
 static int idempotency_settle_gate(void *state, struct pipeline *p, struct channel *ch,
@@ -760,7 +766,8 @@ static int idempotency_settle_gate(void *state, struct pipeline *p, struct chann
 		memset(&a, 0, sizeof(a));
 		a.st = st;
 		a.p = p;
-		pipeline_lookahead(p, DIR_TO_BROKER, idempotency_ahead_settle, &a);
+		pipeline_lookahead(p, DIR_TO_BROKER, &st->ahead[DIR_TO_BROKER],
+				   idempotency_ahead_settle, &a);
 	}
 	return 1;
 }

@@ -56,7 +56,7 @@ static struct channel *host_channel(void *owner, uint16_t id)
 	return h->ch && h->ch->id == id ? h->ch : NULL;
 }
 
-static void host_lookahead(void *owner, enum chan_dir from,
+static void host_lookahead(void *owner, enum chan_dir from, struct pipeline_mark *mark,
 			   int (*fn)(void *arg, const struct frame_info *fi,
 				     const uint8_t *payload, size_t len),
 			   void *arg)
