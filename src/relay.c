@@ -110,6 +110,12 @@ int relay_content_method(struct session *s, struct leg *from, struct channel *ch
 			tagp = &d->delivery_tag;
 			no_ack = channel_consumer_no_ack(ch, d->consumer_tag.bytes,
 							 d->consumer_tag.len);
+			/* Its hook no longer wants it (the rules changed): what
+			 * was kept for its consumer goes first, and nothing more
+			 * is kept for it. */
+			if (ch->surplus)
+				pipeline_surplus_cancel(&s->pipe, ch, d->consumer_tag.bytes,
+							d->consumer_tag.len);
 		} else {
 			amqp_basic_get_ok_t *g = decoded;
 

@@ -5,10 +5,15 @@ the client's prefetch, so claims run ahead of the client. Through the real proxy
 pika and a real broker: the client never has more unacked than it asked
 for, gets everything once and in order, and what was kept is neither
 acknowledged for it nor lost (cancel, recover, a multiple ack, a close)."""
+import os
+import shutil
+import signal
+import tempfile
 import time
 import uuid
 
 import pika
+from rulesproxy import Proxy
 
 Q = "acemq-idem-ahead"  # prefetch_ahead 5
 AUTO = "acemq-idem-id"  # prefetch_ahead not set
@@ -217,3 +222,51 @@ def test_a_multiple_ack_never_covers_what_was_kept(proxy, fresh):
     # Acked at the broker: Q's first five, PLAIN's five; not the sixth of Q.
     assert wait_ready(Q, 15) == 15
     assert wait_ready(PLAIN, 15) == 15
+
+
+def test_a_reload_that_drops_the_rule_lets_what_was_kept_go_first(fresh):
+    """The rules change under a consumer with deliveries kept: they reach
+    the client before the deliveries that follow, in order, and all of it
+    is acknowledged at the broker."""
+    top = tempfile.mkdtemp(prefix="acemq-surplus-")
+    rules = os.path.join(top, "rules")
+    os.makedirs(rules)
+    path = os.path.join(rules, "root.json")
+    with open(path, "w") as f:
+        f.write('{"vhost": "/", "idempotency": [{"queue": "%s", "key": "message-id", '
+                '"prefetch_ahead": 5}]}' % Q)
+    p = Proxy(rules, os.path.join(top, "data"))
+    try:
+        publish(Q, 30)
+        c = Consumer(p.port, 5)
+        c.consume(Q)
+        c.pump(1.0)
+        assert len(c.got) == 5
+        assert wait_ready(Q, 20) == 20  # five kept
+        with open(path, "w") as f:
+            f.write('{"vhost": "/"}')
+        p.proc.send_signal(signal.SIGHUP)
+        time.sleep(1.0)
+        # One ack: a kept one goes, and the broker sends one more, which no
+        # hook wants now: the four still kept go before it.
+        c.ch.basic_ack(c.got[0][1])
+        c.pump(1.0)
+        assert [g[2] for g in c.got] == [b"m%d" % i for i in range(11)]
+        # Acked one by one from here: the rest as the broker sends them.
+        seen = 1
+        end = time.monotonic() + 10
+        while len(c.got) < 30 and time.monotonic() < end:
+            for g in c.got[seen:]:
+                c.ch.basic_ack(g[1])
+            seen = len(c.got)
+            c.c.process_data_events(time_limit=0.05)
+        for g in c.got[seen:]:
+            c.ch.basic_ack(g[1])
+        c.pump(0.5)
+        assert [g[2] for g in c.got] == [b"m%d" % i for i in range(30)]
+        assert [g[1] for g in c.got] == list(range(1, 31))
+        c.close()
+        assert wait_ready(Q, 0) == 0
+    finally:
+        assert p.stop() == 0
+        shutil.rmtree(top, ignore_errors=True)
