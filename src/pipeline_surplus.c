@@ -7,6 +7,7 @@
 #include "pipeline_int.h"
 
 #include "surplus.h"
+#include "worker.h"
 
 #include <event2/buffer.h>
 
@@ -50,10 +51,12 @@ int pipeline_surplus_admit(struct pipeline *p, struct channel *ch, struct pipe_m
 	case SURPLUS_KEPT:
 		/* Kept (the channel frees it if it goes first); without the
 		 * memory to note it held, the session closes. */
+		STATS_INC(&p->w->stats, surplus_kept);
 		return tagmap_hold(&ch->tags, m->broker_tag) == 0 ? 1 : -1;
 	case SURPLUS_FULL:
 		/* The channel keeps enough bytes: what was kept for the
 		 * consumer goes, and this one after it. */
+		STATS_INC(&p->w->stats, surplus_past);
 		pipeline_surplus_flow_channel(p, ch);
 		(void)surplus_admit(ch->surplus, c->bytes, c->len, m->broker_tag, m, size, 1);
 		return 0;

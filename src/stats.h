@@ -102,6 +102,12 @@
 	  "deliveries without a key, delivered untouched")                                   \
 	X(idem_store_errors, "acemq_proxy_idempotency_store_errors_total", "",               \
 	  "idempotency reads or writes that failed")                                         \
+	X(surplus_kept, "acemq_proxy_surplus_total", "event=\"kept\"",                       \
+	  "deliveries asked for beyond a consumer's prefetch: kept until the client had "    \
+	  "room, or sent past it when its channel kept 16 MiB")                              \
+	X(surplus_past, "acemq_proxy_surplus_total", "event=\"past_prefetch\"",              \
+	  "deliveries asked for beyond a consumer's prefetch: kept until the client had "    \
+	  "room, or sent past it when its channel kept 16 MiB")                              \
 	X(dedup_first, "acemq_proxy_dedup_publish_total", "answer=\"first\"",                \
 	  "publishes under publish dedup, by answer")                                        \
 	X(dedup_duplicate, "acemq_proxy_dedup_publish_total", "answer=\"duplicate\"",        \

@@ -6,14 +6,16 @@ pika and a real broker: the client never has more unacked than it asked
 for, gets everything once and in order, and what was kept is neither
 acknowledged for it nor lost (cancel, recover, a multiple ack, a close)."""
 import os
+import re
 import shutil
 import signal
 import tempfile
 import time
+import urllib.request
 import uuid
 
 import pika
-from rulesproxy import Proxy
+from rulesproxy import Proxy, free_port
 
 Q = "acemq-idem-ahead"  # prefetch_ahead 5
 AUTO = "acemq-idem-id"  # prefetch_ahead not set
@@ -29,6 +31,25 @@ def publish(queue, n, keyed=True, tag="m"):
         props = pika.BasicProperties(message_id="%s-%d" % (run, i)) if keyed else None
         ch.basic_publish("", queue, b"%s%d" % (tag.encode(), i), props)
     c.close()
+
+
+def surplus_total(admin, event):
+    text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % admin, timeout=5).read().decode()
+    m = re.search(r'^acemq_proxy_surplus_total\{event="%s"\} (\d+)$' % event, text, re.M)
+    return int(m.group(1)) if m else None
+
+
+def own_proxy(rules_text):
+    """A proxy of the test's own (rules it may change), with its admin port."""
+    top = tempfile.mkdtemp(prefix="acemq-surplus-")
+    rules = os.path.join(top, "rules")
+    os.makedirs(rules)
+    with open(os.path.join(rules, "root.json"), "w") as f:
+        f.write(rules_text)
+    admin = free_port()
+    p = Proxy(rules, os.path.join(top, "data"), extra=["--admin", "127.0.0.1:%d" % admin])
+    p.top, p.admin, p.rules_file = top, admin, os.path.join(rules, "root.json")
+    return p
 
 
 def ready(queue):
@@ -228,14 +249,8 @@ def test_a_reload_that_drops_the_rule_lets_what_was_kept_go_first(fresh):
     """The rules change under a consumer with deliveries kept: they reach
     the client before the deliveries that follow, in order, and all of it
     is acknowledged at the broker."""
-    top = tempfile.mkdtemp(prefix="acemq-surplus-")
-    rules = os.path.join(top, "rules")
-    os.makedirs(rules)
-    path = os.path.join(rules, "root.json")
-    with open(path, "w") as f:
-        f.write('{"vhost": "/", "idempotency": [{"queue": "%s", "key": "message-id", '
-                '"prefetch_ahead": 5}]}' % Q)
-    p = Proxy(rules, os.path.join(top, "data"))
+    p = own_proxy('{"vhost": "/", "idempotency": [{"queue": "%s", "key": "message-id", '
+                  '"prefetch_ahead": 5}]}' % Q)
     try:
         publish(Q, 30)
         c = Consumer(p.port, 5)
@@ -243,7 +258,9 @@ def test_a_reload_that_drops_the_rule_lets_what_was_kept_go_first(fresh):
         c.pump(1.0)
         assert len(c.got) == 5
         assert wait_ready(Q, 20) == 20  # five kept
-        with open(path, "w") as f:
+        assert surplus_total(p.admin, "kept") == 5
+        assert surplus_total(p.admin, "past_prefetch") == 0
+        with open(p.rules_file, "w") as f:
             f.write('{"vhost": "/"}')
         p.proc.send_signal(signal.SIGHUP)
         time.sleep(1.0)
@@ -269,4 +286,48 @@ def test_a_reload_that_drops_the_rule_lets_what_was_kept_go_first(fresh):
         assert wait_ready(Q, 0) == 0
     finally:
         assert p.stop() == 0
-        shutil.rmtree(top, ignore_errors=True)
+        shutil.rmtree(p.top, ignore_errors=True)
+
+
+def test_at_most_16_mib_kept_on_a_channel(fresh):
+    """Large messages: past 16 MiB kept on a channel, what was kept goes to
+    the client (past its prefetch) rather than the proxy holding more;
+    every message arrives once, in order, and the proxy's memory stays
+    bounded."""
+    p = own_proxy('{"vhost": "/", "idempotency": [{"queue": "%s", "key": "message-id", '
+                  '"prefetch_ahead": 10}]}' % Q)
+    try:
+        big = b"x" * (5 << 20)
+        c0 = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", 5672))
+        ch0 = c0.channel()
+        ch0.confirm_delivery()
+        for i in range(8):
+            ch0.basic_publish("", Q, big + b"%d" % i,
+                              pika.BasicProperties(message_id=uuid.uuid4().hex))
+        c0.close()
+        c = Consumer(p.port, 1)
+        c.consume(Q)
+        c.pump(2.0)
+        # One at the client, three kept (15 MiB); the fourth would pass
+        # 16 MiB: all four go to the client, past its prefetch; the last
+        # three are kept again.
+        assert len(c.got) == 5
+        assert surplus_total(p.admin, "kept") == 6
+        assert surplus_total(p.admin, "past_prefetch") == 1
+        assert p.status("VmHWM") < 200 * 1024  # kB
+        seen = 0
+        end = time.monotonic() + 20
+        while len(c.got) < 8 and time.monotonic() < end:
+            for g in c.got[seen:]:
+                c.ch.basic_ack(g[1])
+            seen = len(c.got)
+            c.c.process_data_events(time_limit=0.05)
+        for g in c.got[seen:]:
+            c.ch.basic_ack(g[1])
+        c.pump(0.5)
+        assert [g[2][-1:] for g in c.got] == [b"%d" % i for i in range(8)]
+        c.close()
+        assert wait_ready(Q, 0) == 0
+    finally:
+        assert p.stop() == 0
+        shutil.rmtree(p.top, ignore_errors=True)
