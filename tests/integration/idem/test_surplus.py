@@ -91,8 +91,34 @@ class Consumer:
             self.c.process_data_events(time_limit=0.05)
         return len(self.got)
 
+    def ack_until(self, n, timeout=10.0, start=0):
+        """Ack each delivery (from the start'th) as it comes until n have
+        come; then the rest."""
+        seen = start
+        end = time.monotonic() + timeout
+        while len(self.got) < n and time.monotonic() < end:
+            for g in self.got[seen:]:
+                self.ch.basic_ack(g[1])
+            seen = len(self.got)
+            self.c.process_data_events(time_limit=0.05)
+        for g in self.got[seen:]:
+            self.ch.basic_ack(g[1])
+        self.pump(0.5)
+
     def close(self):
         self.c.close()
+
+
+def left_for_another(port, bodies):
+    """A new consumer gets exactly these (any order) and empties the queue."""
+    d = Consumer(port, 100)
+    d.consume(Q)
+    d.pump_until(len(bodies))
+    assert sorted(g[2] for g in d.got) == sorted(bodies)
+    d.ch.basic_ack(0, multiple=True)
+    d.pump(0.3)
+    d.close()
+    assert wait_ready(Q, 0) == 0
 
 
 def test_client_never_has_more_than_its_prefetch(proxy, fresh):
@@ -153,14 +179,7 @@ def test_closing_gives_back_what_was_kept(proxy, fresh):
     # Everything not acked is back, and its claims were given up: a new
     # consumer gets all of it.
     assert wait_ready(Q, 28) == 28
-    d = Consumer(proxy.port, 100)
-    d.consume(Q)
-    d.pump_until(28)
-    assert sorted(g[2] for g in d.got) == sorted(b"m%d" % i for i in range(2, 30))
-    d.ch.basic_ack(0, multiple=True)
-    d.pump(0.3)
-    d.close()
-    assert wait_ready(Q, 0) == 0
+    left_for_another(proxy.port, [b"m%d" % i for i in range(2, 30)])
 
 
 def test_cancel_delivers_what_was_kept_first(proxy, fresh):
@@ -180,14 +199,7 @@ def test_cancel_delivers_what_was_kept_first(proxy, fresh):
     # Nothing is held for the cancelled consumer while the connection lives.
     assert wait_ready(Q, 25) == 25
     c.close()
-    d = Consumer(proxy.port, 100)
-    d.consume(Q)
-    d.pump_until(25)
-    assert sorted(g[2] for g in d.got) == sorted(b"m%d" % i for i in range(5, 30))
-    d.ch.basic_ack(0, multiple=True)
-    d.pump(0.3)
-    d.close()
-    assert wait_ready(Q, 0) == 0
+    left_for_another(proxy.port, [b"m%d" % i for i in range(5, 30)])
 
 
 def test_recover_redelivers_what_was_kept_once(proxy, fresh):
@@ -199,14 +211,7 @@ def test_recover_redelivers_what_was_kept_once(proxy, fresh):
     c.ch.basic_recover(requeue=True)
     c.got = []
     # Acked as they come: each message once, whatever was kept before.
-    end = time.monotonic() + 10
-    seen = 0
-    while time.monotonic() < end and len(c.got) < 20:
-        c.c.process_data_events(time_limit=0.05)
-        for g in c.got[seen:]:
-            c.ch.basic_ack(g[1])
-        seen = len(c.got)
-    c.pump(0.5)
+    c.ack_until(20)
     assert sorted(g[2] for g in c.got) == sorted(b"m%d" % i for i in range(20))
     c.close()
     assert wait_ready(Q, 0) == 0
@@ -270,16 +275,7 @@ def test_a_reload_that_drops_the_rule_lets_what_was_kept_go_first(fresh):
         c.pump(1.0)
         assert [g[2] for g in c.got] == [b"m%d" % i for i in range(11)]
         # Acked one by one from here: the rest as the broker sends them.
-        seen = 1
-        end = time.monotonic() + 10
-        while len(c.got) < 30 and time.monotonic() < end:
-            for g in c.got[seen:]:
-                c.ch.basic_ack(g[1])
-            seen = len(c.got)
-            c.c.process_data_events(time_limit=0.05)
-        for g in c.got[seen:]:
-            c.ch.basic_ack(g[1])
-        c.pump(0.5)
+        c.ack_until(30, start=1)
         assert [g[2] for g in c.got] == [b"m%d" % i for i in range(30)]
         assert [g[1] for g in c.got] == list(range(1, 31))
         c.close()
@@ -315,16 +311,7 @@ def test_at_most_16_mib_kept_on_a_channel(fresh):
         assert surplus_total(p.admin, "kept") == 6
         assert surplus_total(p.admin, "past_prefetch") == 1
         assert p.status("VmHWM") < 200 * 1024  # kB
-        seen = 0
-        end = time.monotonic() + 20
-        while len(c.got) < 8 and time.monotonic() < end:
-            for g in c.got[seen:]:
-                c.ch.basic_ack(g[1])
-            seen = len(c.got)
-            c.c.process_data_events(time_limit=0.05)
-        for g in c.got[seen:]:
-            c.ch.basic_ack(g[1])
-        c.pump(0.5)
+        c.ack_until(8, timeout=20)
         assert [g[2][-1:] for g in c.got] == [b"%d" % i for i in range(8)]
         c.close()
         assert wait_ready(Q, 0) == 0
