@@ -177,6 +177,10 @@ struct pipe_hook {
 	 * with earlier ones. 0: none. */
 	int (*asks_ahead)(void *state, struct pipeline *p, const char *queue,
 			  uint16_t prefetch);
+	/* A delivery kept past its consumer's prefetch goes to the client now,
+	 * waited_ms after it arrived (a claim made then may want renewing). */
+	void (*surplus_out)(void *state, struct pipeline *p, struct channel *ch,
+			    uint64_t broker_tag, uint64_t waited_ms);
 };
 
 /* The pipeline of one connection: what a hook sees of it (its worker,

@@ -10,6 +10,7 @@
 #include "worker.h"
 
 #include <event2/buffer.h>
+#include <time.h>
 
 static void pipeline_surplus_drop(void *m)
 {
@@ -24,17 +25,36 @@ static const amqp_bytes_t *pipeline_surplus_consumer(struct channel *ch, struct 
 	return &((amqp_basic_deliver_t *)m->method)->consumer_tag;
 }
 
-/* What ch keeps for consumers with room goes to the client. */
+static uint64_t pipeline_surplus_now_us(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+/* What ch keeps for consumers with room goes to the client; the hooks hear
+ * how long each waited. */
 static void pipeline_surplus_flow_channel(struct pipeline *p, struct channel *ch)
 {
 	struct pipe_msg *m;
-	uint64_t tag;
+	uint64_t tag, now = 0;
+	int i;
 
 	while (ch->surplus && (m = surplus_next(ch->surplus, &tag)) != NULL) {
 		tagmap_unhold(&ch->tags, tag);
-		if (ch->proxy_closing)
+		if (ch->proxy_closing) {
 			pipe_msg_free(m); /* the close gives it back */
-		else if (pipeline_deliver_now(p, ch, m) != 0)
+			continue;
+		}
+		if (now == 0)
+			now = pipeline_surplus_now_us();
+		for (i = 0; i < p->nhooks; i++)
+			if (p->hooks[i]->surplus_out)
+				p->hooks[i]->surplus_out(
+				    p->hook_state[i], p, ch, tag,
+				    now > m->started_us ? (now - m->started_us) / 1000 : 0);
+		if (pipeline_deliver_now(p, ch, m) != 0)
 			pipeline_close(p, 541, "INTERNAL_ERROR - out of memory");
 	}
 }

@@ -102,6 +102,9 @@
 	  "deliveries without a key, delivered untouched")                                   \
 	X(idem_store_errors, "acemq_proxy_idempotency_store_errors_total", "",               \
 	  "idempotency reads or writes that failed")                                         \
+	X(idem_renewed, "acemq_proxy_idempotency_leases_renewed_total", "",                  \
+	  "claims renewed as a delivery kept past its consumer's prefetch went to the "      \
+	  "client, a third of its lease or more after it arrived")                           \
 	X(surplus_kept, "acemq_proxy_surplus_total", "event=\"kept\"",                       \
 	  "deliveries asked for beyond a consumer's prefetch: kept until the client had "    \
 	  "room, or sent past it when its channel kept 16 MiB")                              \

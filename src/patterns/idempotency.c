@@ -810,6 +810,21 @@ static void idempotency_channel_gone(void *state, struct pipeline *p, struct cha
 	}
 }
 
+/* A kept delivery goes to the client: its claim was made when it arrived.
+ * If it waited a third of its lease or more, the lease is renewed (a claim
+ * again, as the same owner), so the handler has a whole lease from now. */
+static void idempotency_surplus_out(void *state, struct pipeline *p, struct channel *ch,
+				    uint64_t broker_tag, uint64_t waited_ms)
+{
+	struct idempotency_entry *e = idempotency_find(state, ch->id, broker_tag);
+
+	if (e == NULL || e->phase != PHASE_DELIVERED || e->settling || e->store_failed ||
+	    e->answer != IDEM_CLAIMED || waited_ms * 3 < (uint64_t)e->lease_s * 1000)
+		return;
+	STATS_INC(&p->w->stats, idem_renewed);
+	idempotency_let_go(e, IDEM_CLAIM);
+}
+
 /* Claims are made ahead of the client for a consumer of a rule's queue:
  * the broker sends more than the client's prefetch (the rule's
  * prefetch_ahead, or surplus_auto), the proxy keeps the rest. */
@@ -836,6 +851,7 @@ static const struct pipe_hook idempotency_hook = {
     .recovered = idempotency_channel_gone,
     .held_input = idempotency_held_input,
     .asks_ahead = idempotency_asks_ahead,
+    .surplus_out = idempotency_surplus_out,
 };
 
 void idempotency_register(void)

@@ -31,15 +31,18 @@ enum state_decision idem_decide(struct idem_req *r, const struct idem_record *cu
 			r->answer = IDEM_DUPLICATE;
 			return STATE_KEEP;
 		}
-		/* Claimed under a live lease, by anyone (a second message with
-		 * the key reaching the same consumer too): in progress. */
-		if (live && cur->state == IDEM_STATE_CLAIMED) {
+		/* Claimed under a live lease by anyone else (a second message
+		 * with the key reaching the same consumer too: another
+		 * delivery, another owner): in progress. The same owner (the
+		 * same delivery) claiming again renews its lease, as
+		 * PostgreSQL's claim does. */
+		if (live && cur->state == IDEM_STATE_CLAIMED && !idem_owned(cur, r->owner)) {
 			r->answer = IDEM_IN_PROGRESS;
 			return STATE_KEEP;
 		}
 		/* Absent, or its time passed: claim it. */
 		r->answer = IDEM_CLAIMED;
-		r->lease_expired = cur != NULL && cur->state == IDEM_STATE_CLAIMED;
+		r->lease_expired = cur != NULL && cur->state == IDEM_STATE_CLAIMED && !live;
 		r->rec.state = IDEM_STATE_CLAIMED;
 		r->rec.until_ms = r->now_ms + r->span_ms;
 		memcpy(r->rec.owner, r->owner, sizeof(r->rec.owner));

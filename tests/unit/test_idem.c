@@ -19,7 +19,7 @@
 static struct worker tw;
 static char tdir[64];
 static struct state *st;
-static const uint64_t A[2] = {1, 10}, B[2] = {1, 20};
+static const uint64_t A[2] = {1, 10}, B[2] = {1, 20}, C[2] = {2, 10};
 
 struct pending {
 	struct idem_req r; /* first: its completion is the worker_call */
@@ -82,8 +82,9 @@ START_TEST(test_three_answers)
 	ck_assert_int_eq(op(IDEM_CLAIM, "/", "q", "m1", A, 1000, 30000), IDEM_CLAIMED);
 	/* Another consumer while A's lease is live. */
 	ck_assert_int_eq(op(IDEM_CLAIM, "/", "q", "m1", B, 2000, 30000), IDEM_IN_PROGRESS);
-	/* A itself, with a second message of the key: in progress too. */
-	ck_assert_int_eq(op(IDEM_CLAIM, "/", "q", "m1", A, 3000, 30000), IDEM_IN_PROGRESS);
+	/* A second message of the key to A's consumer is another delivery,
+	 * another owner (C): in progress too. */
+	ck_assert_int_eq(op(IDEM_CLAIM, "/", "q", "m1", C, 3000, 30000), IDEM_IN_PROGRESS);
 	ck_assert_int_eq(op(IDEM_CONFIRM, "/", "q", "m1", A, 4000, 60000), IDEM_DONE);
 	ck_assert_int_eq(op(IDEM_CLAIM, "/", "q", "m1", B, 5000, 30000), IDEM_DUPLICATE);
 	ck_assert_int_eq(op(IDEM_CLAIM, "/", "q", "m1", A, 5000, 30000), IDEM_DUPLICATE);
@@ -107,6 +108,17 @@ START_TEST(test_forget_and_leases)
 	/* B dies holding it: once the lease is over, A may run it. */
 	ck_assert_int_eq(op(IDEM_CLAIM, "/", "q", "k", A, 32999, 30000), IDEM_IN_PROGRESS);
 	ck_assert_int_eq(op(IDEM_CLAIM, "/", "q", "k", A, 33001, 30000), IDEM_CLAIMED);
+}
+END_TEST
+
+/* The same owner (the same delivery) claiming again renews its lease. */
+START_TEST(test_claim_renewed_by_its_owner)
+{
+	ck_assert_int_eq(op(IDEM_CLAIM, "/", "q", "r", A, 1000, 30000), IDEM_CLAIMED);
+	ck_assert_int_eq(op(IDEM_CLAIM, "/", "q", "r", A, 20000, 30000), IDEM_CLAIMED);
+	/* Past the first lease, inside the renewed one: in progress. */
+	ck_assert_int_eq(op(IDEM_CLAIM, "/", "q", "r", B, 40000, 30000), IDEM_IN_PROGRESS);
+	ck_assert_int_eq(op(IDEM_CLAIM, "/", "q", "r", B, 50001, 30000), IDEM_CLAIMED);
 }
 END_TEST
 
@@ -139,6 +151,7 @@ int main(void)
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, test_three_answers);
 	tcase_add_test(tc, test_forget_and_leases);
+	tcase_add_test(tc, test_claim_renewed_by_its_owner);
 	tcase_add_test(tc, test_namespaces);
 	tcase_add_test(tc, test_purge);
 	return unit_run("idem", tc, 0);
