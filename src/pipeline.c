@@ -154,7 +154,7 @@ void pipeline_detach(struct pipeline *p)
 		list_del(p->surplus_due.next);
 }
 
-static uint64_t pipeline_now_us(void)
+uint64_t pipeline_now_us(void)
 {
 	struct timespec ts;
 
@@ -398,7 +398,7 @@ static int pipeline_emit(struct pipeline *p, struct pipe_msg *m, struct evbuffer
 	return rc ? -1 : 0;
 }
 
-static uint64_t *pipeline_tag_of(struct pipe_msg *m)
+uint64_t *pipeline_tag_of(struct pipe_msg *m)
 {
 	if (m->method_id == AMQP_BASIC_DELIVER_METHOD)
 		return &((amqp_basic_deliver_t *)m->method)->delivery_tag;
@@ -446,7 +446,7 @@ static void pipeline_settle_upstream(struct pipeline *p, struct channel *ch, str
 }
 
 /* The leg a message came from: its later frames wait while it waits. */
-static enum chan_dir pipeline_dir(const struct pipe_msg *m)
+enum chan_dir pipeline_dir(const struct pipe_msg *m)
 {
 	return m->kind == PIPE_PUBLISH ? DIR_TO_BROKER : DIR_TO_CLIENT;
 }
@@ -616,7 +616,7 @@ int pipeline_pass(struct pipeline *p, struct channel *ch, struct pipe_msg *m)
 }
 
 /* Rewrite-only hooks see a message that waited, once it is final. */
-static void pipeline_rewrite(struct pipeline *p, struct channel *ch, struct pipe_msg *m)
+void pipeline_rewrite(struct pipeline *p, struct channel *ch, struct pipe_msg *m)
 {
 	int i;
 
@@ -641,59 +641,6 @@ int pipeline_resume(struct pipeline *p, struct channel *ch, struct pipe_msg *m,
 	rc = pipeline_finish(p, ch, m, v);
 	pipeline_wake(p, dir);
 	return rc;
-}
-
-int pipeline_stream_out_begin(struct pipeline *p, struct channel *ch, struct pipe_msg *m,
-			      uint64_t body_size)
-{
-	struct evbuffer *out = pipeline_out(p, DIR_TO_CLIENT);
-	uint64_t *tagp = pipeline_tag_of(m);
-	int rc;
-
-	if (out == NULL || ch == NULL || ch->proxy_closing)
-		return -1;
-	pipeline_rewrite(p, ch, m);
-	pipeline_surplus_stream(p, ch, m);
-	if (tagp) {
-		*tagp = p->track ? tagmap_deliver(&ch->tags, m->broker_tag, !m->no_ack)
-				 : m->broker_tag;
-	}
-	rc = method_write(out, m->channel, m->method_id, m->method);
-	rc |= content_header_write(out, m->channel, AMQP_BASIC_CLASS, body_size, m->props);
-	evbuffer_drain(m->raw, evbuffer_get_length(m->raw));
-	return rc ? -1 : 0;
-}
-
-int pipeline_stream_out(struct pipeline *p, struct channel *ch, struct pipe_msg *m,
-			const void *data, size_t len)
-{
-	struct evbuffer *out = pipeline_out(p, DIR_TO_CLIENT);
-	size_t chunk = p->frame_max > FRAME_OVERHEAD ? p->frame_max - FRAME_OVERHEAD : 4088;
-	const uint8_t *at = data;
-	uint8_t head[FRAME_HEADER_SIZE];
-	const uint8_t end = FRAME_END;
-
-	if (out == NULL || ch == NULL || ch->proxy_closing)
-		return -1;
-	while (len > 0) {
-		size_t n = len < chunk ? len : chunk;
-
-		frame_scan_put_header(head, FRAME_BODY, m->channel, (uint32_t)n);
-		if (evbuffer_add(out, head, sizeof(head)) != 0 ||
-		    evbuffer_add(out, at, n) != 0 || evbuffer_add(out, &end, 1) != 0)
-			return -1;
-		at += n;
-		len -= n;
-	}
-	return 0;
-}
-
-void pipeline_stream_out_end(struct pipeline *p, struct channel *ch, struct pipe_msg *m)
-{
-	enum chan_dir dir = pipeline_dir(m);
-
-	pipe_msg_free(m);
-	pipeline_wake(p, dir);
 }
 
 void pipeline_drop(struct pipeline *p, struct pipe_msg *m)

@@ -273,6 +273,12 @@ int pipeline_stream_out_begin(struct pipeline *p, struct channel *ch, struct pip
 			      uint64_t body_size);
 int pipeline_stream_out(struct pipeline *p, struct channel *ch, struct pipe_msg *m,
 			const void *data, size_t len);
+/* As pipeline_stream_out, without copying data: the client's output
+ * refers to it until it is written (or the connection goes), then
+ * release(arg) runs on this worker, exactly once, whatever this returns. */
+int pipeline_stream_out_lent(struct pipeline *p, struct channel *ch, struct pipe_msg *m,
+			     const void *data, size_t len, void (*release)(void *arg),
+			     void *arg);
 void pipeline_stream_out_end(struct pipeline *p, struct channel *ch, struct pipe_msg *m);
 /* Let go of a message that waited, without a word to either side (its
  * channel went away); its leg's frames flow again. */

@@ -1,6 +1,7 @@
 /* pipeline_int: what the pipeline's own files share: pipeline.c (messages
- * through the hooks) and pipeline_surplus.c (deliveries kept past a
- * consumer's prefetch, let go as the client settles). */
+ * through the hooks), pipeline_surplus.c (deliveries kept past a
+ * consumer's prefetch, let go as the client settles) and
+ * pipeline_stream.c (bodies a hook streams to the client). */
 #ifndef ACEMQ_PIPELINE_INT_H
 #define ACEMQ_PIPELINE_INT_H
 
@@ -14,5 +15,14 @@ int pipeline_surplus_admit(struct pipeline *p, struct channel *ch, struct pipe_m
 /* A delivery whose body is streamed goes now: what was kept for its
  * consumer goes first. */
 void pipeline_surplus_stream(struct pipeline *p, struct channel *ch, struct pipe_msg *m);
+
+/* The monotonic clock messages are timed by, in microseconds. */
+uint64_t pipeline_now_us(void);
+/* Where a delivery's or get-ok's tag is (NULL: neither). */
+uint64_t *pipeline_tag_of(struct pipe_msg *m);
+/* The leg a message came from: its later frames wait while it waits. */
+enum chan_dir pipeline_dir(const struct pipe_msg *m);
+/* Rewrite-only hooks see a message that waited, once it is final. */
+void pipeline_rewrite(struct pipeline *p, struct channel *ch, struct pipe_msg *m);
 
 #endif

@@ -10,7 +10,6 @@
 #include "worker.h"
 
 #include <event2/buffer.h>
-#include <time.h>
 
 static void pipeline_surplus_drop(void *m)
 {
@@ -23,14 +22,6 @@ static const amqp_bytes_t *pipeline_surplus_consumer(struct channel *ch, struct 
 	if (ch->surplus == NULL || m->method_id != AMQP_BASIC_DELIVER_METHOD || m->no_ack)
 		return NULL;
 	return &((amqp_basic_deliver_t *)m->method)->consumer_tag;
-}
-
-static uint64_t pipeline_surplus_now_us(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
 /* What ch keeps for consumers with room goes to the client; the hooks hear
@@ -48,7 +39,7 @@ static void pipeline_surplus_flow_channel(struct pipeline *p, struct channel *ch
 			continue;
 		}
 		if (now == 0)
-			now = pipeline_surplus_now_us();
+			now = pipeline_now_us();
 		for (i = 0; i < p->nhooks; i++)
 			if (p->hooks[i]->surplus_out)
 				p->hooks[i]->surplus_out(

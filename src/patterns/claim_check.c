@@ -484,6 +484,18 @@ static void claim_check_rd_finish(struct pipeline *p, struct claim_check_rd *rd,
 	pipeline_stream_out_end(p, ch, m);
 }
 
+/* A chunk goes to the client: the store's buffer itself where it can be
+ * had (no copy), else copied. */
+static int claim_check_out(struct pipeline *p, struct channel *ch, struct claim_check_rd *rd,
+			   const struct claim_check_chunk *c)
+{
+	void *kept = claims_read_keep(rd->r);
+
+	if (kept == NULL)
+		return pipeline_stream_out(p, ch, rd->m, c->data, c->len);
+	return pipeline_stream_out_lent(p, ch, rd->m, c->data, c->len, claims_kept_free, kept);
+}
+
 static void claim_check_read_chunk_in(struct pipeline *p, void *arg)
 {
 	struct claim_check_chunk *c = arg;
@@ -494,8 +506,7 @@ static void claim_check_read_chunk_in(struct pipeline *p, void *arg)
 		claim_check_rd_finish(p, rd, 1); /* its channel went: the close requeued it */
 		return;
 	}
-	if (c->rc != 0 || ch == NULL ||
-	    (c->len && pipeline_stream_out(p, ch, rd->m, c->data, c->len) != 0)) {
+	if (c->rc != 0 || ch == NULL || (c->len && claim_check_out(p, ch, rd, c) != 0)) {
 		pipeline_log(p, LOG_ERROR, "claim check: reading %s failed mid-way", rd->key);
 		claim_check_rd_finish(p, rd, 0);
 		return;

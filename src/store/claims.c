@@ -290,6 +290,11 @@ void claims_read_next(struct claims_read *r)
 	r->be->read_next(r);
 }
 
+void *claims_read_keep(struct claims_read *r)
+{
+	return r->be->read_keep ? r->be->read_keep(r) : NULL;
+}
+
 void claims_read_abandon(struct claims_read *r)
 {
 	if (r)

@@ -91,6 +91,12 @@ claims_read_open(const struct claims_where *where, struct worker *w, const char 
 		 void (*chunk)(void *arg, int rc, const uint8_t *data, size_t len), void *arg);
 /* Ask for the next chunk (after opened, and after each chunk). */
 void claims_read_next(struct claims_read *r);
+/* Only in a chunk callback: the chunk's memory becomes the caller's, to be
+ * let go with claims_kept_free (on any thread) once it is written out.
+ * NULL when the backend cannot give it: then data is the store's until
+ * the callback returns. */
+void *claims_read_keep(struct claims_read *r);
+void claims_kept_free(void *kept);
 void claims_read_abandon(struct claims_read *r);
 
 /* ---- retention ---- */

@@ -41,6 +41,7 @@ struct claims_backend {
 	    void (*opened)(void *arg, int rc, uint64_t size),
 	    void (*chunk)(void *arg, int rc, const uint8_t *data, size_t len), void *arg);
 	void (*read_next)(struct claims_read *r);
+	void *(*read_keep)(struct claims_read *r); /* NULL: chunks are copied */
 	void (*read_abandon)(struct claims_read *r);
 	int (*purge)(const struct claims_where *where, long retention_s, int orphans,
 		     struct claims_purged *out);

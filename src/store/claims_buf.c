@@ -54,3 +54,29 @@ void claims_buf_free(uint8_t *b, size_t len)
 	pthread_mutex_unlock(&claims_buf_lock);
 	free(b);
 }
+
+struct claims_kept {
+	uint8_t *buf;
+	size_t len;
+};
+
+void *claims_buf_kept(uint8_t *b, size_t len)
+{
+	struct claims_kept *k = malloc(sizeof(*k));
+
+	if (k) {
+		k->buf = b;
+		k->len = len;
+	}
+	return k;
+}
+
+void claims_kept_free(void *kept)
+{
+	struct claims_kept *k = kept;
+
+	if (k) {
+		claims_buf_free(k->buf, k->len);
+		free(k);
+	}
+}

@@ -20,5 +20,8 @@
 uint8_t *claims_buf_new(size_t len);
 /* b (NULL: nothing) of claims_buf_new(len) is let go. */
 void claims_buf_free(uint8_t *b, size_t len);
+/* b handed to a reader (claims_read_keep), let go by claims_kept_free.
+ * NULL: no memory (b is still the caller's). */
+void *claims_buf_kept(uint8_t *b, size_t len);
 
 #endif

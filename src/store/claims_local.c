@@ -518,6 +518,8 @@ struct claims_local_read {
 	uint8_t *buf; /* cap bytes, CLAIMS_ALIGN aligned */
 	size_t cap;   /* a chunk (LMDB) or a stage (filesystem) */
 	size_t len;
+	uint8_t *lent; /* in a chunk callback: its buffer, until kept */
+	int in_chunk;
 };
 
 struct claims_copy {
@@ -644,12 +646,17 @@ static void claims_read_done(struct worker_call *c)
 	} else {
 		/* The buffer is had only while a read is out: a reader that
 		 * waits for its client to drain holds none. */
-		uint8_t *buf = r->buf;
 		size_t cap = r->cap;
 
+		r->lent = r->buf; /* claims_local_read_keep may take it */
 		r->buf = NULL;
-		r->chunk(r->arg, r->rc, buf, r->len); /* may free r */
-		claims_buf_free(buf, cap);
+		r->in_chunk = 1;
+		r->chunk(r->arg, r->rc, r->lent, r->len); /* may abandon r */
+		r->in_chunk = 0;
+		claims_buf_free(r->lent, cap);
+		r->lent = NULL;
+		if (r->abandoned && !r->busy)
+			claims_read_free(r);
 	}
 }
 
@@ -703,11 +710,24 @@ static void claims_local_read_next(struct claims_read *rd)
 	jobs_submit(&r->job);
 }
 
+static void *claims_local_read_keep(struct claims_read *rd)
+{
+	struct claims_local_read *r = claims_local_read_of(rd);
+	void *kept;
+
+	if (!r->in_chunk || r->lent == NULL)
+		return NULL; /* not in a chunk callback, or kept already */
+	kept = claims_buf_kept(r->lent, r->cap);
+	if (kept)
+		r->lent = NULL;
+	return kept;
+}
+
 static void claims_local_read_abandon(struct claims_read *rd)
 {
 	struct claims_local_read *r = claims_local_read_of(rd);
 
-	if (r->busy)
+	if (r->busy || r->in_chunk)
 		r->abandoned = 1;
 	else
 		claims_read_free(r);
@@ -762,6 +782,7 @@ const struct claims_backend claims_lmdb_backend = {
     .upload_low = claims_local_low,
     .read_open = claims_local_read_open,
     .read_next = claims_local_read_next,
+    .read_keep = claims_local_read_keep,
     .read_abandon = claims_local_read_abandon,
     .purge = claims_local_purge,
     .stat = claims_local_stat,
@@ -780,6 +801,7 @@ const struct claims_backend claims_fs_backend = {
     .upload_low = claims_local_low,
     .read_open = claims_local_read_open,
     .read_next = claims_local_read_next,
+    .read_keep = claims_local_read_keep,
     .read_abandon = claims_local_read_abandon,
     .purge = claims_local_purge,
     .stat = claims_local_stat,

@@ -230,6 +230,89 @@ static void round_trip(int fs)
 	free(data);
 }
 
+/* A reader that keeps each chunk's buffer (as the claim check hands it to
+ * the client's output): none is reused while kept. */
+struct keeper {
+	struct claims_read *r;
+	int opened, ended, kept_outside;
+	int n;
+	void *kept[16];
+	const uint8_t *data[16];
+	size_t len[16];
+};
+
+static void keeper_opened(void *arg, int rc, uint64_t size)
+{
+	struct keeper *k = arg;
+
+	(void)size;
+	ck_assert_int_eq(rc, 0);
+	k->opened = 1;
+	k->kept_outside = claims_read_keep(k->r) != NULL; /* not in a chunk callback */
+	claims_read_next(k->r);
+}
+
+static void keeper_chunk(void *arg, int rc, const uint8_t *data, size_t len)
+{
+	struct keeper *k = arg;
+
+	ck_assert_int_eq(rc, 0);
+	if (len == 0) {
+		k->ended = 1;
+		return;
+	}
+	ck_assert_int_lt(k->n, 16);
+	k->kept[k->n] = claims_read_keep(k->r);
+	ck_assert_ptr_nonnull(k->kept[k->n]);
+	ck_assert_ptr_null(claims_read_keep(k->r)); /* once */
+	k->data[k->n] = data;
+	k->len[k->n] = len;
+	k->n++;
+	claims_read_next(k->r);
+}
+
+static void kept_chunks(int fs)
+{
+	struct claims_where w;
+	/* LMDB keeps a payload under 4 MiB itself, read 1 MiB at a time. */
+	size_t n = fs ? (9u << 20) + 7 : (3u << 20) + 5, off = 0;
+	uint8_t *data = pattern(n);
+	struct probe up = {0};
+	struct keeper k = {0};
+	int i;
+
+	where(&w, fs, "/");
+	upload(&w, data, n, &up);
+	ck_assert_int_eq(up.rc, 0);
+	k.r = claims_read_open(&w, &tw, up.key, keeper_opened, keeper_chunk, &k);
+	ck_assert_ptr_nonnull(k.r);
+	pump_until(&k.ended);
+	claims_read_abandon(k.r);
+	ck_assert(!k.kept_outside);
+	ck_assert_int_eq(k.n, fs ? 3 : 4); /* 4 MiB stages, 1 MiB chunks */
+	/* Every kept chunk still holds what was read into it. */
+	for (i = 0; i < k.n; i++) {
+		ck_assert_uint_le(off + k.len[i], n);
+		ck_assert(memcmp(k.data[i], data + off, k.len[i]) == 0);
+		off += k.len[i];
+		claims_kept_free(k.kept[i]);
+	}
+	ck_assert_uint_eq(off, n);
+	free(data);
+}
+
+START_TEST(test_lmdb_chunks_kept)
+{
+	kept_chunks(0);
+}
+END_TEST
+
+START_TEST(test_filesystem_chunks_kept)
+{
+	kept_chunks(1);
+}
+END_TEST
+
 START_TEST(test_lmdb_round_trip)
 {
 	round_trip(0);
@@ -618,6 +701,8 @@ int main(void)
 	tcase_add_test(tc, test_lmdb_round_trip);
 	tcase_add_test(tc, test_lmdb_large_payload_in_a_file);
 	tcase_add_test(tc, test_filesystem_round_trip);
+	tcase_add_test(tc, test_lmdb_chunks_kept);
+	tcase_add_test(tc, test_filesystem_chunks_kept);
 	tcase_add_test(tc, test_filesystem_sizes_around_blocks);
 	tcase_add_test(tc, test_missing_key_and_other_vhost);
 	tcase_add_test(tc, test_abandoned_upload_cleaned);
