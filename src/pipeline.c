@@ -36,6 +36,7 @@ void pipeline_init(struct pipeline *p, const struct pipeline_host *host, void *o
 	p->id = id;
 	p->peer = p->vhost = p->user = "";
 	list_init(&p->surplus_due);
+	list_init(&p->surplus_kept);
 }
 
 const struct rules_vhost *pipeline_rules(struct pipeline *p)
@@ -152,6 +153,7 @@ void pipeline_detach(struct pipeline *p)
 	p->nhooks = 0;
 	while (!list_empty(&p->surplus_due))
 		list_del(p->surplus_due.next);
+	pipeline_surplus_fini(p);
 }
 
 uint64_t pipeline_now_us(void)

@@ -12,6 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct event;
+
 struct evbuffer;
 struct channel;
 struct frame_info;
@@ -105,6 +107,7 @@ struct pipe_msg {
 	int next_hook;                     /* after a hook waited: the next to ask */
 	int streamer;        /* index of the hook taking the body as a stream, or -1 */
 	uint64_t started_us; /* monotonic: its first frame was read */
+	uint64_t renewed_us; /* kept: a hook renewed its claim then (0: never) */
 	unsigned method_dirty : 1, props_dirty : 1, body_dirty : 1;
 	/* props differ from the frame only by headers appended after the
 	 * headers_at_decode entries it had (-1: no table): the frame is
@@ -178,9 +181,14 @@ struct pipe_hook {
 	int (*asks_ahead)(void *state, struct pipeline *p, const char *queue,
 			  uint16_t prefetch);
 	/* A delivery kept past its consumer's prefetch goes to the client now,
-	 * waited_ms after it arrived (a claim made then may want renewing). */
+	 * waited_ms after it arrived or its claim was last renewed (a claim
+	 * made then may want renewing). */
 	void (*surplus_out)(void *state, struct pipeline *p, struct channel *ch,
 			    uint64_t broker_tag, uint64_t waited_ms);
+	/* The same, for a delivery still kept, a few times a second: 1 when
+	 * the hook renewed what it holds for it (its clock starts again). */
+	int (*surplus_waiting)(void *state, struct pipeline *p, struct channel *ch,
+			       uint64_t broker_tag, uint64_t waited_ms);
 };
 
 /* The pipeline of one connection: what a hook sees of it (its worker,
@@ -201,7 +209,9 @@ struct pipeline {
 	const struct rules_vhost *rules; /* cached for rules_generation */
 	const struct pipe_hook *hooks[PIPELINE_MAX_HOOKS];
 	void *hook_state[PIPELINE_MAX_HOOKS];
-	struct list surplus_due; /* channels' surpluses with room opened */
+	struct list surplus_due;     /* channels' surpluses with room opened */
+	struct list surplus_kept;    /* channels' surpluses keeping deliveries */
+	struct event *surplus_timer; /* looks at kept deliveries while there are any */
 };
 
 void pipeline_register(const struct pipe_hook *hook);

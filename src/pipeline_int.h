@@ -16,6 +16,8 @@ int pipeline_surplus_admit(struct pipeline *p, struct channel *ch, struct pipe_m
  * consumer goes first. */
 void pipeline_surplus_stream(struct pipeline *p, struct channel *ch, struct pipe_msg *m);
 
+/* The pipeline goes: its kept deliveries' timer and list. */
+void pipeline_surplus_fini(struct pipeline *p);
 /* The monotonic clock messages are timed by, in microseconds. */
 uint64_t pipeline_now_us(void);
 /* Where a delivery's or get-ok's tag is (NULL: neither). */

@@ -10,6 +10,11 @@
 #include "worker.h"
 
 #include <event2/buffer.h>
+#include <event2/event.h>
+
+/* How often kept deliveries are looked at (a hook renews their claims
+ * when a third of a lease has gone: a second's lease is the shortest). */
+#define PIPELINE_SURPLUS_TICK_MS 250
 
 static void pipeline_surplus_drop(void *m)
 {
@@ -22,6 +27,15 @@ static const amqp_bytes_t *pipeline_surplus_consumer(struct channel *ch, struct 
 	if (ch->surplus == NULL || m->method_id != AMQP_BASIC_DELIVER_METHOD || m->no_ack)
 		return NULL;
 	return &((amqp_basic_deliver_t *)m->method)->consumer_tag;
+}
+
+/* How long a kept delivery has waited since it arrived or a hook renewed
+ * its claim. */
+static uint64_t pipeline_surplus_waited_ms(const struct pipe_msg *m, uint64_t now)
+{
+	uint64_t since = m->renewed_us > m->started_us ? m->renewed_us : m->started_us;
+
+	return now > since ? (now - since) / 1000 : 0;
 }
 
 /* What ch keeps for consumers with room goes to the client; the hooks hear
@@ -42,12 +56,87 @@ static void pipeline_surplus_flow_channel(struct pipeline *p, struct channel *ch
 			now = pipeline_now_us();
 		for (i = 0; i < p->nhooks; i++)
 			if (p->hooks[i]->surplus_out)
-				p->hooks[i]->surplus_out(
-				    p->hook_state[i], p, ch, tag,
-				    now > m->started_us ? (now - m->started_us) / 1000 : 0);
+				p->hooks[i]->surplus_out(p->hook_state[i], p, ch, tag,
+							 pipeline_surplus_waited_ms(m, now));
 		if (pipeline_deliver_now(p, ch, m) != 0)
 			pipeline_close(p, 541, "INTERNAL_ERROR - out of memory");
 	}
+}
+
+/* ---- kept deliveries, looked at while they wait ---- */
+
+struct pipeline_surplus_look {
+	struct pipeline *p;
+	struct channel *ch;
+	uint64_t now;
+};
+
+static void pipeline_surplus_look_one(void *arg, void *msg, uint64_t broker_tag)
+{
+	struct pipeline_surplus_look *l = arg;
+	struct pipeline *p = l->p;
+	struct pipe_msg *m = msg;
+	uint64_t waited = pipeline_surplus_waited_ms(m, l->now);
+	int i;
+
+	for (i = 0; i < p->nhooks; i++)
+		if (p->hooks[i]->surplus_waiting &&
+		    p->hooks[i]->surplus_waiting(p->hook_state[i], p, l->ch, broker_tag,
+						 waited))
+			m->renewed_us = l->now;
+}
+
+static void pipeline_surplus_tick_in(struct pipeline *p, void *arg)
+{
+	struct pipeline_surplus_look l = {p, NULL, pipeline_now_us()};
+	struct list *n, *next;
+	struct surplus *s;
+
+	(void)arg;
+	for (n = p->surplus_kept.next; n != &p->surplus_kept; n = next) {
+		next = n->next;
+		s = list_entry(n, struct surplus, kept);
+		l.ch = pipeline_channel(p, s->channel);
+		if (l.ch == NULL || l.ch->surplus != s || surplus_waiting(s) == 0) {
+			list_del(&s->kept); /* keeps nothing now: linked again when it does */
+			continue;
+		}
+		surplus_each(s, pipeline_surplus_look_one, &l);
+	}
+	if (list_empty(&p->surplus_kept))
+		evtimer_del(p->surplus_timer);
+}
+
+static void pipeline_surplus_tick(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	pipeline_call(arg, pipeline_surplus_tick_in, NULL);
+}
+
+/* s keeps a delivery: looked at while it keeps any. */
+static void pipeline_surplus_timed(struct pipeline *p, struct surplus *s)
+{
+	struct timeval tv = {0, PIPELINE_SURPLUS_TICK_MS * 1000};
+
+	if (list_linked(&s->kept))
+		return;
+	if (p->surplus_timer == NULL &&
+	    (p->surplus_timer =
+		 event_new(p->w->base, -1, EV_PERSIST, pipeline_surplus_tick, p)) == NULL)
+		return; /* without memory for it, claims are renewed only as they go */
+	list_add_tail(&s->kept, &p->surplus_kept);
+	if (!evtimer_pending(p->surplus_timer, NULL))
+		evtimer_add(p->surplus_timer, &tv);
+}
+
+void pipeline_surplus_fini(struct pipeline *p)
+{
+	while (!list_empty(&p->surplus_kept))
+		list_del(p->surplus_kept.next);
+	if (p->surplus_timer)
+		event_free(p->surplus_timer);
+	p->surplus_timer = NULL;
 }
 
 int pipeline_surplus_admit(struct pipeline *p, struct channel *ch, struct pipe_msg *m)
@@ -63,6 +152,7 @@ int pipeline_surplus_admit(struct pipeline *p, struct channel *ch, struct pipe_m
 		/* Kept (the channel frees it if it goes first); without the
 		 * memory to note it held, the session closes. */
 		STATS_INC(&p->w->stats, surplus_kept);
+		pipeline_surplus_timed(p, ch->surplus);
 		return tagmap_hold(&ch->tags, m->broker_tag) == 0 ? 1 : -1;
 	case SURPLUS_FULL:
 		/* The channel keeps enough bytes: what was kept for the

@@ -90,6 +90,7 @@ int surplus_add(struct surplus **sp, uint16_t channel, const void *tag, size_t l
 			return -1;
 		s->channel = channel;
 		list_init(&s->due);
+		list_init(&s->kept);
 		*sp = s;
 	}
 	if ((c = surplus_find(s, tag, len)) != NULL) {
@@ -290,8 +291,23 @@ void surplus_free(struct surplus *s, void (*drop)(void *msg))
 	if (s == NULL)
 		return;
 	list_del(&s->due);
+	list_del(&s->kept);
 	for (i = 0; i < s->n; i++)
 		surplus_consumer_free(s, &s->c[i], drop);
 	free(s->c);
 	free(s);
+}
+
+void surplus_each(struct surplus *s, void (*fn)(void *arg, void *msg, uint64_t broker_tag),
+		  void *arg)
+{
+	struct surplus_fifo *f;
+	size_t j;
+	int i;
+
+	for (i = 0; s && i < s->n; i++) {
+		f = &s->c[i].w;
+		for (j = 0; j < f->len; j++)
+			fn(arg, f->v[f->head + j].msg, f->v[f->head + j].tag);
+	}
 }

@@ -29,8 +29,9 @@ struct surplus {
 	uint16_t channel;
 	struct surplus_consumer *c;
 	int n;
-	struct list due; /* in the pipeline's list: room opened, not yet used */
-	size_t bytes;    /* kept, over its consumers */
+	struct list due;  /* in the pipeline's list: room opened, not yet used */
+	struct list kept; /* in the pipeline's list: keeps deliveries (timed) */
+	size_t bytes;     /* kept, over its consumers */
 };
 
 /* Below this prefetch a consumer is taken for a work queue's (fair
@@ -76,6 +77,9 @@ void surplus_cancel(struct surplus *s, const void *tag, size_t len);
 void surplus_drain(struct surplus *s, const void *tag, size_t len);
 /* Deliveries kept here, over every consumer. */
 size_t surplus_waiting(const struct surplus *s);
+/* fn for each delivery kept here (it must not change s). */
+void surplus_each(struct surplus *s, void (*fn)(void *arg, void *msg, uint64_t broker_tag),
+		  void *arg);
 /* basic.recover: the broker redelivers everything unsettled: what waits is
  * dropped and nothing is counted at the client any more. */
 void surplus_recover(struct surplus *s, void (*drop)(void *msg));

@@ -810,19 +810,28 @@ static void idempotency_channel_gone(void *state, struct pipeline *p, struct cha
 	}
 }
 
-/* A kept delivery goes to the client: its claim was made when it arrived.
- * If it waited a third of its lease or more, the lease is renewed (a claim
- * again, as the same owner), so the handler has a whole lease from now. */
-static void idempotency_surplus_out(void *state, struct pipeline *p, struct channel *ch,
-				    uint64_t broker_tag, uint64_t waited_ms)
+/* A kept delivery's claim was made when it arrived, or last renewed
+ * waited_ms ago. Once a third of its lease has gone, the lease is renewed
+ * (a claim again, as the same owner): while it waits, so that it never
+ * runs out before the client has it, and as it goes to the client, so its
+ * handler has a whole lease. 1 when renewed. */
+static int idempotency_renew(void *state, struct pipeline *p, struct channel *ch,
+			     uint64_t broker_tag, uint64_t waited_ms)
 {
 	struct idempotency_entry *e = idempotency_find(state, ch->id, broker_tag);
 
 	if (e == NULL || e->phase != PHASE_DELIVERED || e->settling || e->store_failed ||
 	    e->answer != IDEM_CLAIMED || waited_ms * 3 < (uint64_t)e->lease_s * 1000)
-		return;
+		return 0;
 	STATS_INC(&p->w->stats, idem_renewed);
 	idempotency_let_go(e, IDEM_CLAIM);
+	return 1;
+}
+
+static void idempotency_surplus_out(void *state, struct pipeline *p, struct channel *ch,
+				    uint64_t broker_tag, uint64_t waited_ms)
+{
+	(void)idempotency_renew(state, p, ch, broker_tag, waited_ms);
 }
 
 /* Claims are made ahead of the client for a consumer of a rule's queue:
@@ -852,6 +861,7 @@ static const struct pipe_hook idempotency_hook = {
     .held_input = idempotency_held_input,
     .asks_ahead = idempotency_asks_ahead,
     .surplus_out = idempotency_surplus_out,
+    .surplus_waiting = idempotency_renew,
 };
 
 void idempotency_register(void)

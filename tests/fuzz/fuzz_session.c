@@ -29,6 +29,7 @@
 #include "src/session.h"
 #include "src/store/delayed.h"
 #include "src/store/state.h"
+#include "src/surplus.h"
 #include "src/transport.h"
 #include "src/upstream.h"
 #include "src/worker.h"
@@ -222,7 +223,8 @@ static void fuzz_init(void)
 		    "\"store\": {\"type\": \"filesystem\", \"path\": \"%s\"}}, "
 		    "\"schedule\": {\"match\": [{\"exchange\": \"\"}], \"engine\": false}, "
 		    "\"idempotency\": [{\"queue\": \"q\", \"key\": \"message-id\", "
-		    "\"lease_s\": 30, \"retention_s\": 60, \"in_progress_delay_s\": 0}], "
+		    "\"lease_s\": 30, \"retention_s\": 60, \"in_progress_delay_s\": 0, "
+		    "\"prefetch_ahead\": 5}], "
 		    "\"dedup_publish\": {\"match\": [{\"exchange\": \"\"}], "
 		    "\"window_s\": 60}, "
 		    "\"limits\": {\"publish_bytes_per_s\": 4096}}",
@@ -710,6 +712,15 @@ static void fuzz_close(int *fd)
 	*fd = -1;
 }
 
+static void fuzz_age(void *arg, void *msg, uint64_t broker_tag)
+{
+	struct pipe_msg *m = msg;
+
+	(void)arg;
+	(void)broker_tag;
+	m->started_us = m->renewed_us = 0;
+}
+
 static void fuzz_op(const uint8_t *d, size_t len, size_t *at)
 {
 	uint8_t op = d[(*at)++] % OP_COUNT, a = 0, b = 0;
@@ -736,8 +747,20 @@ static void fuzz_op(const uint8_t *d, size_t len, size_t *at)
 		fz.connect_refuse = op == OP_CONNECT_FAIL && !s;
 		break;
 	case OP_TIMER:
-		if (s)
+		/* The look at kept deliveries, when any are kept (they have
+		 * waited long: their claims are renewed); else the session's. */
+		if (s && s->pipe.surplus_timer &&
+		    evtimer_pending(s->pipe.surplus_timer, NULL)) {
+			struct list *k;
+
+			for (k = s->pipe.surplus_kept.next; k != &s->pipe.surplus_kept;
+			     k = k->next)
+				surplus_each(list_entry(k, struct surplus, kept), fuzz_age,
+					     NULL);
+			event_active(s->pipe.surplus_timer, EV_TIMEOUT, 1);
+		} else if (s) {
 			event_active(s->timer, EV_TIMEOUT, 1);
+		}
 		break;
 	case OP_CLIENT_CLOSE:
 		fuzz_close(&fz.client_fd);

@@ -245,20 +245,27 @@ session_seeds_pool = {
     + bytes([AUTO_BROKER]) + PAUSE,
 }
 session_seeds_surplus = {
-    # a prefetch of 100 on channel 1 (cf 20, p 0) and a consume of "q":
-    # the proxy asks the broker for 1100 (its qos before the consume, the
-    # client's after, both answered); 105 deliveries with message-ids of
-    # their own (0xC6: channel 1, consumer ctag, p & 0x40 a fresh id), five
-    # kept past the prefetch; acks (one, multiple, one) let them go while
-    # the confirms are out; the client cancels with some kept, then a
-    # recover, the broker's own cancel, and the close
-    "idempotency-surplus": HANDSHAKE + cf(4, 0) + cf(20, 0) + cf(7, 9) + PAUSE
-    + bf(5, 0xC6) * 105 + PAUSE * 8 + cf(8, 12) + cf(8, 0x15) + cf(8, 36) + PAUSE * 4
+    # a prefetch of 2 on channel 1 (cf 20, p 0x42) and a consume of "q":
+    # the proxy asks the broker for 7 (the rule's prefetch_ahead of 5; its
+    # qos before the consume, the client's after, both answered); 9
+    # deliveries with message-ids of their own (0xC6: channel 1, consumer
+    # ctag, p & 0x40 a fresh id), seven kept past the prefetch; acks (1,
+    # up to 3, 5) let them go while the confirms are out; the client
+    # cancels with some kept, then a recover, the broker's own cancel, and
+    # the close
+    "idempotency-surplus": HANDSHAKE + cf(4, 0) + cf(20, 0x42) + cf(7, 9) + PAUSE
+    + bf(5, 0xC6) * 9 + PAUSE * 8 + cf(8, 4) + PAUSE + cf(8, 0x0D) + PAUSE + cf(8, 20) + PAUSE * 4
     + bf(5, 0xC6) * 4 + PAUSE * 4 + cf(21, 9) + PAUSE + cf(19, 0) + bf(16, 0x84) + PAUSE
     + cf(13),
+    # deliveries kept while the timer looks at them (the fuzzer ages them:
+    # their claims are renewed), then an ack lets them go
+    # (a prefetch of 2, the rule asking 5 ahead)
+    "idempotency-surplus-renewed": HANDSHAKE + cf(4, 0) + cf(20, 0x42) + cf(7, 9) + PAUSE
+    + bf(5, 0xC6) * 6 + PAUSE * 8 + bytes([TIMER]) + PAUSE + bytes([TIMER]) + PAUSE
+    + cf(8, 0x09) + PAUSE * 2 + bytes([TIMER]) + PAUSE + cf(13),
     # the client vanishes with deliveries kept and confirms out
-    "idempotency-surplus-client-vanishes": HANDSHAKE + cf(4, 0) + cf(20, 0) + cf(7, 9)
-    + PAUSE + bf(5, 0xC6) * 104 + PAUSE * 8 + cf(8, 0x2d) + bytes([CLIENT_CLOSE]) + PAUSE,
+    "idempotency-surplus-client-vanishes": HANDSHAKE + cf(4, 0) + cf(20, 0x42) + cf(7, 9)
+    + PAUSE + bf(5, 0xC6) * 8 + PAUSE * 8 + cf(8, 0x05) + bytes([CLIENT_CLOSE]) + PAUSE,
 }
 for name, data in session_seeds_surplus.items():
     with open(os.path.join(here, "corpus", "session", name), "wb") as f:

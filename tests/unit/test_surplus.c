@@ -97,6 +97,57 @@ START_TEST(kept_past_the_prefetch_in_order)
 }
 END_TEST
 
+struct seen {
+	int n;
+	int v[8];
+	uint64_t tag[8];
+};
+
+static void see(void *arg, void *m, uint64_t tag)
+{
+	struct seen *s = arg;
+
+	ck_assert_int_lt(s->n, 8);
+	s->v[s->n] = *(int *)m;
+	s->tag[s->n++] = tag;
+}
+
+/* What is kept, over every consumer, is looked at (its claims renewed
+ * while it waits): only what waits, never what went to the client. */
+START_TEST(each_kept_delivery_seen)
+{
+	struct surplus *s = NULL;
+	struct seen seen = {0};
+	uint64_t tag;
+
+	surplus_each(NULL, see, &seen);
+	ck_assert_int_eq(surplus_add(&s, 1, "a", 1, 1), 0);
+	ck_assert_int_eq(surplus_add(&s, 1, "b", 1, 1), 0);
+	ck_assert_int_eq(surplus_admit(s, "a", 1, 1, NULL, 10, 0), 0);
+	ck_assert_int_eq(surplus_admit(s, "a", 1, 2, msg(2), 10, 0), 1);
+	ck_assert_int_eq(surplus_admit(s, "b", 1, 3, NULL, 10, 0), 0);
+	ck_assert_int_eq(surplus_admit(s, "a", 1, 4, msg(4), 10, 0), 1);
+	ck_assert_int_eq(surplus_admit(s, "b", 1, 5, msg(5), 10, 0), 1);
+	surplus_each(s, see, &seen);
+	ck_assert_int_eq(seen.n, 3);
+	ck_assert_int_eq(seen.v[0] + seen.v[1] + seen.v[2], 11);
+	ck_assert_uint_eq(seen.tag[0], 2); /* a's in order */
+	ck_assert_uint_eq(seen.tag[1], 4);
+	ck_assert_uint_eq(seen.tag[2], 5);
+	/* One of a's goes: it is not seen again. */
+	ck_assert_int_eq(surplus_settled(s, 1), 1);
+	ck_assert_int_eq(next(s, &tag), 2);
+	seen.n = 0;
+	surplus_each(s, see, &seen);
+	ck_assert_int_eq(seen.n, 2);
+	ck_assert_uint_eq(seen.tag[0], 4);
+	ck_assert_uint_eq(seen.tag[1], 5);
+	dropped = 0;
+	surplus_free(s, drop);
+	ck_assert_int_eq(dropped, 2);
+}
+END_TEST
+
 START_TEST(drain_and_cancel)
 {
 	struct surplus *s = NULL;
@@ -194,6 +245,7 @@ int main(void)
 
 	tcase_add_test(tc, prefetch_asked);
 	tcase_add_test(tc, kept_past_the_prefetch_in_order);
+	tcase_add_test(tc, each_kept_delivery_seen);
 	tcase_add_test(tc, drain_and_cancel);
 	tcase_add_test(tc, many_settled_out_of_order);
 	tcase_add_test(tc, bytes_bounded);
