@@ -325,41 +325,63 @@ def idem_total(admin, name, label=None):
     return int(m.group(1)) if m else None
 
 
+class KeptUnderAShortLease:
+    """A proxy whose rule gives claims a 2 s lease and asks 5 ahead; three
+    keyed messages, a consumer with a prefetch of 1: m0 at the client, m1
+    and m2 kept (claimed). A context: the proxy goes at the end."""
+
+    def __enter__(self):
+        self.p = own_proxy('{"vhost": "/", "idempotency": [{"queue": "%s", "key": '
+                           '"message-id", "prefetch_ahead": 5, "lease_s": 2, '
+                           '"in_progress_delay_s": 1}]}' % Q)
+        self.run = uuid.uuid4().hex
+        self.c0 = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", 5672))
+        self.ch0 = self.c0.channel()
+        self.ch0.confirm_delivery()
+        for i in range(3):
+            self.again(i, b"m%d" % i)
+        self.c = Consumer(self.p.port, 1)
+        self.c.consume(Q)
+        self.c.pump(1.0)
+        assert [g[2] for g in self.c.got] == [b"m0"]
+        return self
+
+    def again(self, i, body=b"again"):
+        """A message with the key of the i'th."""
+        self.ch0.basic_publish("", Q, body,
+                               pika.BasicProperties(message_id="%s-%d" % (self.run, i)))
+
+    def total(self, name, label=None):
+        return idem_total(self.p.admin, name, label)
+
+    def __exit__(self, *exc):
+        try:
+            self.c0.close()
+            self.c.close()
+        finally:
+            assert self.p.stop() == 0
+            shutil.rmtree(self.p.top, ignore_errors=True)
+
+
 def test_a_kept_delivery_that_waited_has_its_lease_renewed(fresh):
     """Kept past a 2 s lease, a delivery goes to the client with its claim
     renewed: a second message with its key, arriving then, is in progress,
     not claimed again."""
-    p = own_proxy('{"vhost": "/", "idempotency": [{"queue": "%s", "key": "message-id", '
-                  '"prefetch_ahead": 5, "lease_s": 2, "in_progress_delay_s": 1}]}' % Q)
-    try:
-        run = uuid.uuid4().hex
-        c0 = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", 5672))
-        ch0 = c0.channel()
-        ch0.confirm_delivery()
-        for i in range(3):
-            ch0.basic_publish("", Q, b"m%d" % i, pika.BasicProperties(message_id="%s-%d" % (run, i)))
-        c = Consumer(p.port, 1)
-        c.consume(Q)
-        c.pump(1.0)
-        assert [g[2] for g in c.got] == [b"m0"]  # m1 and m2 kept, claimed
-        time.sleep(2.0)  # their leases ran out while they waited
+    with KeptUnderAShortLease() as k:
+        c = k.c
+        time.sleep(2.0)  # their leases would have run out while they waited
         c.ch.basic_ack(c.got[0][1])
         assert c.pump_until(2) == 2
         assert c.got[1][2] == b"m1"
         c.pump(0.5)
-        claimed = idem_total(p.admin, "acemq_proxy_idempotency_total", 'answer="claimed"')
-        # Another message with m1's key: m1's claim is live again.
-        ch0.basic_publish("", Q, b"again", pika.BasicProperties(message_id="%s-1" % run))
+        claimed = k.total("acemq_proxy_idempotency_total", 'answer="claimed"')
+        # Another message with m1's key: m1's claim is live.
+        k.again(1)
         c.pump(1.0)
-        assert idem_total(p.admin, "acemq_proxy_idempotency_total", 'answer="claimed"') == claimed
-        assert idem_total(p.admin, "acemq_proxy_idempotency_total", 'answer="in_progress"') >= 1
-        # Renewed while kept (a few times a second) and as it went out.
-        assert idem_total(p.admin, "acemq_proxy_idempotency_leases_renewed_total") >= 1
-        c0.close()
-        c.close()
-    finally:
-        assert p.stop() == 0
-        shutil.rmtree(p.top, ignore_errors=True)
+        assert k.total("acemq_proxy_idempotency_total", 'answer="claimed"') == claimed
+        assert k.total("acemq_proxy_idempotency_total", 'answer="in_progress"') >= 1
+        # Renewed while kept, and as it went out.
+        assert k.total("acemq_proxy_idempotency_leases_renewed_total") >= 1
 
 
 def test_a_delivery_kept_longer_than_its_lease_keeps_its_claim(fresh):
@@ -367,33 +389,17 @@ def test_a_delivery_kept_longer_than_its_lease_keeps_its_claim(fresh):
     while they wait: a second message with the key of one still kept is in
     progress, not claimed again (without the renewal its lease ran out and
     the second message was claimed: two handlers for one key)."""
-    p = own_proxy('{"vhost": "/", "idempotency": [{"queue": "%s", "key": "message-id", '
-                  '"prefetch_ahead": 5, "lease_s": 2, "in_progress_delay_s": 1}]}' % Q)
-    try:
-        run = uuid.uuid4().hex
-        c0 = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", 5672))
-        ch0 = c0.channel()
-        ch0.confirm_delivery()
-        for i in range(3):
-            ch0.basic_publish("", Q, b"m%d" % i, pika.BasicProperties(message_id="%s-%d" % (run, i)))
-        c = Consumer(p.port, 1)
-        c.consume(Q)
-        c.pump(1.0)
-        assert [g[2] for g in c.got] == [b"m0"]  # m1 and m2 kept, claimed
-        claimed = idem_total(p.admin, "acemq_proxy_idempotency_total", 'answer="claimed"')
+    with KeptUnderAShortLease() as k:
+        c = k.c
+        claimed = k.total("acemq_proxy_idempotency_total", 'answer="claimed"')
         assert claimed == 3
         c.pump(2.5)  # past the lease, m2 still kept
         assert [g[2] for g in c.got] == [b"m0"]
-        ch0.basic_publish("", Q, b"again", pika.BasicProperties(message_id="%s-2" % run))
+        k.again(2)
         c.pump(1.0)
-        assert idem_total(p.admin, "acemq_proxy_idempotency_total", 'answer="claimed"') == claimed
-        assert idem_total(p.admin, "acemq_proxy_idempotency_total", 'answer="in_progress"') >= 1
+        assert k.total("acemq_proxy_idempotency_total", 'answer="claimed"') == claimed
+        assert k.total("acemq_proxy_idempotency_total", 'answer="in_progress"') >= 1
         # m1 and m2, each a few times (every 2/3 s or so over 3.5 s).
-        assert idem_total(p.admin, "acemq_proxy_idempotency_leases_renewed_total") >= 4
+        assert k.total("acemq_proxy_idempotency_leases_renewed_total") >= 4
         c.ack_until(3)
         assert [g[2] for g in c.got[:3]] == [b"m0", b"m1", b"m2"]
-        c0.close()
-        c.close()
-    finally:
-        assert p.stop() == 0
-        shutil.rmtree(p.top, ignore_errors=True)
