@@ -13,7 +13,6 @@
 #include <stdint.h>
 
 struct event;
-
 struct evbuffer;
 struct channel;
 struct frame_info;
