@@ -15,8 +15,10 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/time.h>
+#include <unistd.h>
 
-#define STATE_MAX_DBS 4096
+#define STATE_MAX_DBS    4096
+#define STATE_GROW_CHUNK (256 << 10) /* bytes a pwrite */
 
 struct state_dbi {
 	char *name;
@@ -38,6 +40,8 @@ struct state {
 	pthread_cond_t cond;
 	struct state_write *head, **tail;
 	int stop;
+	int busy;            /* the writer has writes taken but not yet posted */
+	pthread_cond_t idle; /* busy cleared with nothing queued (tests) */
 	/* Committed writes waiting for the sync that covers them: the writer
 	 * appends a batch once its transaction has committed, the sync thread
 	 * takes them all before it syncs. */
@@ -55,6 +59,8 @@ struct state {
 	int failing;                  /* an episode of write errors is being logged */
 	struct state_handle *handles; /* the writer's: one per op of a batch */
 	size_t caphandles;
+	off_t file_end;  /* the writer's: the data file's size when last looked */
+	int grow_failed; /* a zero-fill failed (a full disk): not tried again */
 };
 
 const char *state_dir(struct state *st)
@@ -323,6 +329,74 @@ static size_t state_last_txnid(struct state *st)
 	return mdb_env_info(st->env, &info) == 0 ? info.me_last_txnid : 0;
 }
 
+/* Keep the data file zero-filled STATE_GROW_AHEAD past LMDB's last page.
+ * A commit that takes new pages then writes into blocks the file already
+ * has, so its fsync writes those pages alone: a commit that extends the
+ * file also has its new size and block map written (on ext4 another
+ * write and wait inside every fsync while the file grows). The zeros go
+ * to the disk with the next commit's fsync. Runs on the writer between
+ * commits, inside a write transaction so that no other writer can take
+ * pages meanwhile; everything past the file's end is LMDB's free space
+ * (its pages end at me_last_pgno), so the zeros land on nothing in use.
+ * Never past the map's size; a failure (ENOSPC) stops the growing ahead
+ * and leaves the file to LMDB as before. */
+static void state_grow(struct state *st)
+{
+	MDB_envinfo info;
+	MDB_stat stat;
+	MDB_txn *txn;
+	struct stat sb;
+	off_t used, want;
+	char *zeros;
+	int fd;
+
+	if (st->grow_failed || mdb_env_info(st->env, &info) != 0 ||
+	    mdb_env_stat(st->env, &stat) != 0)
+		return;
+	used = (off_t)(info.me_last_pgno + 1) * (off_t)stat.ms_psize;
+	if (st->file_end - used >= STATE_GROW_AHEAD / 2)
+		return;
+	if (mdb_env_get_fd(st->env, &fd) != 0 || (zeros = calloc(1, STATE_GROW_CHUNK)) == NULL)
+		return;
+	if (mdb_txn_begin(st->env, NULL, 0, &txn) != 0) {
+		free(zeros);
+		return;
+	}
+	if (mdb_env_info(st->env, &info) == 0 && fstat(fd, &sb) == 0) {
+		used = (off_t)(info.me_last_pgno + 1) * (off_t)stat.ms_psize;
+		want = used + STATE_GROW_AHEAD;
+		if ((uint64_t)want > (uint64_t)info.me_mapsize)
+			want = (off_t)info.me_mapsize;
+		st->file_end = sb.st_size;
+		while (st->file_end < want) {
+			size_t n = (size_t)(want - st->file_end);
+			ssize_t put =
+			    pwrite(fd, zeros, n < STATE_GROW_CHUNK ? n : STATE_GROW_CHUNK,
+				   st->file_end);
+
+			if (put <= 0) {
+				log_warning("state: cannot grow the data file ahead: %s",
+					    put < 0 ? strerror(errno) : "short write");
+				st->grow_failed = 1;
+				break;
+			}
+			st->file_end += put;
+		}
+	}
+	mdb_txn_abort(txn);
+	free(zeros);
+}
+
+/* The writer has posted every write it took. */
+static void state_idle(struct state *st)
+{
+	pthread_mutex_lock(&st->lock);
+	st->busy = 0;
+	if (st->head == NULL)
+		pthread_cond_broadcast(&st->idle);
+	pthread_mutex_unlock(&st->lock);
+}
+
 /* The writer. With state_sync=2 the environment is MDB_NOMETASYNC: LMDB
  * writes a commit's pages, fsyncs them, then writes its meta page without
  * a sync, so a power cut can only lose the last commits whole, never
@@ -347,6 +421,7 @@ static void *state_writer(void *arg)
 		list = st->head;
 		st->head = NULL;
 		st->tail = &st->head;
+		st->busy = list != NULL || unsynced != NULL;
 		hook = st->sync_hook;
 		hook_arg = st->sync_hook_arg;
 		commit_hook = st->commit_hook;
@@ -360,6 +435,7 @@ static void *state_writer(void *arg)
 			state_synced(st, unsynced, rc);
 			unsynced = NULL;
 			unsynced_tail = &unsynced;
+			state_idle(st);
 			continue;
 		}
 		if (list == NULL)
@@ -369,6 +445,8 @@ static void *state_writer(void *arg)
 		before = serial && unsynced ? state_last_txnid(st) : 0;
 		/* Everything queued, one transaction. */
 		have = state_handles(st, list) == 0;
+		if (st->sync != STATE_SYNC_NONE)
+			state_grow(st);
 		rc = have ? state_commit(st, list, 0, st->handles) : STATE_IO;
 		if (rc == STATE_OK) {
 			for (w = list, n = 0; w; w = w->next, n++)
@@ -411,6 +489,8 @@ static void *state_writer(void *arg)
 			list = NULL;
 		}
 		state_post_done(st, list);
+		if (unsynced == NULL)
+			state_idle(st);
 	}
 }
 
@@ -491,6 +571,7 @@ struct state *state_open(const struct state_settings *set, char *err, size_t err
 	pthread_mutex_init(&st->lock, NULL);
 	pthread_mutex_init(&st->dbi_lock, NULL);
 	pthread_cond_init(&st->cond, NULL);
+	pthread_cond_init(&st->idle, NULL);
 	pthread_cond_init(&st->sync_cond, NULL);
 	st->tail = &st->head;
 	st->committed_tail = &st->committed;
@@ -512,6 +593,7 @@ fail:
 	pthread_mutex_destroy(&st->lock);
 	pthread_mutex_destroy(&st->dbi_lock);
 	pthread_cond_destroy(&st->cond);
+	pthread_cond_destroy(&st->idle);
 	pthread_cond_destroy(&st->sync_cond);
 	free(st);
 	return NULL;
@@ -542,6 +624,7 @@ void state_close(struct state *st)
 	pthread_mutex_destroy(&st->lock);
 	pthread_mutex_destroy(&st->dbi_lock);
 	pthread_cond_destroy(&st->cond);
+	pthread_cond_destroy(&st->idle);
 	pthread_cond_destroy(&st->sync_cond);
 	free(st);
 }
@@ -761,4 +844,12 @@ void state_counters(struct state *st, struct state_counters *out)
 		out->used_bytes = (uint64_t)(info.me_last_pgno + 1) * stat.ms_psize;
 		out->map_bytes = (uint64_t)info.me_mapsize;
 	}
+}
+
+void state_test_settle(struct state *st)
+{
+	pthread_mutex_lock(&st->lock);
+	while ((st->head != NULL || st->busy) && !st->stop)
+		pthread_cond_wait(&st->idle, &st->lock);
+	pthread_mutex_unlock(&st->lock);
 }

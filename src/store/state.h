@@ -63,6 +63,11 @@ enum state_sync {
 				   * page by the next commit's fsync or the writer's */
 };
 
+/* With a sync on, the data file is kept zero-filled this far past LMDB's
+ * last page, grown again once less than half of it is left (never past
+ * the map's size): commits then write into blocks the file already has. */
+#define STATE_GROW_AHEAD ((off_t)8 << 20)
+
 struct state_settings {
 	const char *dir;
 	uint64_t map_size; /* bytes */
@@ -117,6 +122,10 @@ void state_test_sync_hook(struct state *st, int (*fn)(void *arg), void *arg);
 /* Tests: fn(arg) runs on the writer before each group commit (it may
  * block, letting writes queue behind it). */
 void state_test_commit_hook(struct state *st, int (*fn)(void *arg), void *arg);
+/* Tests (state_sync 0 or 2): wait until every write queued so far has been
+ * written and its completion posted (a session fuzzer that sees each
+ * completion at the same point of its script every run). */
+void state_test_settle(struct state *st);
 
 /* Wall-clock milliseconds since the epoch: the time stored in records. */
 uint64_t state_now_ms(void);

@@ -3,7 +3,8 @@
  * map failing only the writes that do not fit, persistence across a
  * reopen, writes after close refused, and the pipelined sync: commits go on
  * while a sync runs, no completion before the sync covering its commit, a
- * failed sync failing exactly the writes it covered. */
+ * failed sync failing exactly the writes it covered; the data file kept
+ * zero-filled ahead of the pages in use, never past the map. */
 #include "tests/unit/unit.h"
 
 #include "src/store/state.h"
@@ -17,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -178,6 +180,88 @@ START_TEST(test_full_map_fails_only_what_does_not_fit)
 	ck_assert_int_eq(state_get(st, "claims:/", "k000002", 7, get_copy, buf), STATE_OK);
 	ck_assert_int_eq(state_get(st, "claims:/", "k000001", 7, get_copy, buf),
 			 STATE_NOTFOUND);
+	state_close(st);
+}
+END_TEST
+
+static off_t data_file_size(void)
+{
+	char path[128];
+	struct stat sb;
+
+	snprintf(path, sizeof(path), "%s/data.mdb", tdir);
+	ck_assert_int_eq(stat(path, &sb), 0);
+	return sb.st_size;
+}
+
+/* With a sync on, the data file stays zero-filled well past the pages in
+ * use while it grows, and what was written reads back after a reopen. */
+START_TEST(test_data_file_grown_ahead)
+{
+	static char val[1024];
+	static struct req r[100];
+	struct state_counters c;
+	struct state *st;
+	char buf[sizeof(val) + 1];
+	int done = 0, i, round;
+
+	memset(val, 'v', sizeof(val));
+	st = open_state_sync(64 << 20, STATE_SYNC_SERIAL);
+	for (round = 0; round < 60; round++) {
+		for (i = 0; i < 100; i++) {
+			req_init(&r[i], &done, "ahead", round * 100 + i, val, sizeof(val));
+			state_submit(st, &r[i].w);
+		}
+		wait_done(&done, (round + 1) * 100);
+		for (i = 0; i < 100; i++)
+			ck_assert_int_eq(r[i].rc, STATE_OK);
+		state_counters(st, &c);
+		/* Looked at before each commit: at least half ahead then, less
+		 * what one commit of 100 took. */
+		ck_assert_msg(data_file_size() >= (off_t)c.used_bytes + STATE_GROW_AHEAD / 4,
+			      "round %d: file %lld, used %llu", round,
+			      (long long)data_file_size(), (unsigned long long)c.used_bytes);
+		ck_assert_int_le(data_file_size(), (off_t)c.used_bytes + STATE_GROW_AHEAD);
+	}
+	ck_assert_uint_gt(c.used_bytes, 6u << 20); /* it grew past the first step */
+	state_close(st);
+
+	st = open_state_sync(64 << 20, STATE_SYNC_SERIAL);
+	for (i = 0; i < 6000; i += 599) {
+		char key[32];
+
+		snprintf(key, sizeof(key), "k%06d", i);
+		ck_assert_int_eq(state_get(st, "ahead", key, strlen(key), get_copy, buf),
+				 STATE_OK);
+		ck_assert_int_eq(memcmp(buf, val, sizeof(val)), 0);
+	}
+	state_close(st);
+}
+END_TEST
+
+START_TEST(test_data_file_not_grown_past_the_map)
+{
+	static struct req r[1];
+	struct state *st;
+	char path[128];
+	int done = 0;
+
+	/* No sync, nothing to gain: the file is LMDB's own size. */
+	st = open_state_sync(64 << 20, STATE_SYNC_NONE);
+	req_init(&r[0], &done, "ahead", 0, "small", 5);
+	state_submit(st, &r[0].w);
+	wait_done(&done, 1);
+	ck_assert_int_lt(data_file_size(), 1 << 20);
+	state_close(st);
+	snprintf(path, sizeof(path), "%s/data.mdb", tdir);
+	ck_assert_int_eq(unlink(path), 0);
+
+	st = open_state_sync(1 << 20, STATE_SYNC_SERIAL);
+	req_init(&r[0], &done, "ahead", 1, "small", 5);
+	state_submit(st, &r[0].w);
+	wait_done(&done, 2);
+	ck_assert_int_eq(r[0].rc, STATE_OK);
+	ck_assert_int_eq(data_file_size(), 1 << 20);
 	state_close(st);
 }
 END_TEST
@@ -528,6 +612,8 @@ int main(void)
 	tcase_add_test(tc, test_write_read_and_group_commit);
 	tcase_add_test(tc, test_full_map_fails_only_what_does_not_fit);
 	tcase_add_test(tc, test_bad_directory_is_an_error);
+	tcase_add_test(tc, test_data_file_grown_ahead);
+	tcase_add_test(tc, test_data_file_not_grown_past_the_map);
 	tcase_add_test(tc, test_completions_wait_for_the_sync_covering_them);
 	tcase_add_test(tc, test_failed_sync_fails_every_write_it_covered);
 	tcase_add_test(tc, test_sync_off);
