@@ -136,3 +136,13 @@ long ratelimit_publish(const char *vhost, const struct rules_limits *l, size_t n
 	pthread_mutex_unlock(&ratelimit_lock);
 	return debt > 0 ? (long)(debt * 1000.0 / (double)l->publish_bytes_per_s) + 1 : 0;
 }
+
+void ratelimit_test_refill(void)
+{
+	struct ratelimit_vhost *v;
+
+	pthread_mutex_lock(&ratelimit_lock);
+	for (v = ratelimit_list; v; v = v->next)
+		v->conn.primed = v->bytes.primed = 0;
+	pthread_mutex_unlock(&ratelimit_lock);
+}

@@ -18,5 +18,7 @@ int ratelimit_connection(const char *vhost, const struct rules_limits *l);
 /* n content bytes a publisher of vhost sent: how many ms it waits before
  * it is read again (0: none). */
 long ratelimit_publish(const char *vhost, const struct rules_limits *l, size_t n);
+/* Tests: every bucket full again, as at start. */
+void ratelimit_test_refill(void);
 
 #endif

@@ -13,10 +13,13 @@
  * Invariants checked beyond ASan/UBSan: once both peers have gone and the
  * timers have fired, the session is gone (no hang, no leak of a session),
  * the worker is left with no sessions, and the connection the listener
- * would have counted in is counted out. */
+ * would have counted in is counted out. Replayed as the seed corpus (make
+ * check), each seed must also still reach what it was made for
+ * (fuzz_session_reach.c). */
 #include "amqp/content.h"
 #include "amqp/frame_scan.h"
 #include "amqp/method.h"
+#include "fuzz_session_reach.h"
 #include "src/control.h"
 #include "src/hooks.h"
 #include "src/jobs.h"
@@ -25,9 +28,11 @@
 #include "src/patterns/dedup_publish.h"
 #include "src/patterns/idempotency.h"
 #include "src/pool.h"
+#include "src/ratelimit.h"
 #include "src/rules.h"
 #include "src/session.h"
 #include "src/store/delayed.h"
+#include "src/store/idem.h"
 #include "src/store/state.h"
 #include "src/surplus.h"
 #include "src/transport.h"
@@ -86,6 +91,7 @@ struct fuzz {
 	uint8_t confirm_on[8];
 	uint64_t deliver_tag[8];
 	unsigned next_id; /* message-ids never used before in this input */
+	struct state *st; /* the patterns' keys, windows and delayed records */
 };
 
 static struct fuzz fz;
@@ -237,6 +243,7 @@ static void fuzz_init(void)
 		st = state_open(&set, err, sizeof(err));
 		if (st == NULL)
 			abort();
+		fz.st = st;
 		idempotency_init(st);
 		dedup_publish_init(st);
 		/* Delayed publishes recorded there too (and looked ahead at). */
@@ -700,6 +707,9 @@ static void fuzz_run(void)
 	int i;
 
 	for (i = 0; i < 6; i++) {
+		/* The state writer's completions are on the loop before it
+		 * runs: a script means the same on every run. */
+		state_test_settle(fz.st);
 		event_base_loop(fz.w.base, EVLOOP_NONBLOCK);
 		fuzz_peers_read();
 	}
@@ -832,8 +842,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	int sv[2], i;
 	size_t at = 0;
 
+	struct stats before;
+
 	if (!fz.ready)
 		fuzz_init();
+	before = fz.w.stats;
+	/* An input means the same alone and amid a run: every pattern on,
+	 * whatever the one before reloaded to, no key, value or delayed
+	 * record left by it, and the vhost's byte rate not spent by it. */
+	if (fz.w.rules != fz.rules[0]) {
+		worker_set_rules(&fz.w, fz.rules[0]);
+		event_base_loop(fz.w.base, EVLOOP_NONBLOCK);
+	}
+	idem_purge(fz.st, "/", UINT64_MAX);
+	idem_dedup_purge(fz.st, "/", UINT64_MAX);
+	delayed_purge("/", INT64_MAX);
+	ratelimit_test_refill();
 	fz.broker_fd = -1;
 	fz.connect_refuse = 0;
 	fz.auto_broker = 1;
@@ -878,6 +902,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		fuzz_close(&fz.broker_fd);
 		fuzz_run();
 	}
+	fuzz_session_reach_ran(&before, &fz.w.stats);
 	pool_gauges(&pg);
 	if (fuzz_session() != NULL || fz.w.nsessions != 0 || limits_connections_open() != 0 ||
 	    pg.connections != 0 || pg.waiting != 0) {

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """make-seeds: write the named seed corpus of the fuzz targets (run once;
-the seeds are committed)."""
+the seeds are committed). What each session seed must reach when the
+corpus is replayed is listed in fuzz_session_reach.c."""
 import os
 import struct
 
@@ -138,8 +139,10 @@ session_seeds = {
     "broker-lost": HANDSHAKE + cf(4, 0) + cf(6, 3) + bytes([BROKER_CLOSE]),
     "broker-silent": cf(0) + bytes([CONNECT_OK]) + cf(1) + cf(2, 2) + cf(3)
     + bytes([BROKER_SILENT, CLIENT_SILENT]),
+    # 72 deliveries of 8 KiB on the consumer's channel while the client
+    # reads nothing: more than the socket and buffer_limit hold.
     "backpressure": HANDSHAKE + cf(4, 0) + cf(7, 1) + bytes([CLIENT_READING])
-    + bf(5, 0xfc) * 8 + bytes([CLIENT_READING]) + cf(13),
+    + bf(5, 0x54) * 72 + bytes([CLIENT_READING]) + cf(13),
     "shutdown": HANDSHAKE + cf(4, 0) + bytes([SHUTDOWN]) + bf(13),
     "update-secret": HANDSHAKE + cf(17) + cf(4, 0) + cf(13),
     "regress-garbage-before-connect": cf(0) + raw(CLIENT_RAW, body_on_1)

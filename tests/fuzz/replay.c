@@ -8,6 +8,10 @@
 #include <sys/stat.h>
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+/* A target may check each input after it ran (what a seed must reach),
+ * and the whole replay at its end: non-zero fails the replay. */
+int fuzz_replayed(const char *path) __attribute__((weak));
+int fuzz_replay_done(void) __attribute__((weak));
 
 static int replay_file(const char *path)
 {
@@ -31,7 +35,7 @@ static int replay_file(const char *path)
 	fclose(f);
 	LLVMFuzzerTestOneInput(buf, (size_t)n);
 	free(buf);
-	return 0;
+	return fuzz_replayed ? fuzz_replayed(path) : 0;
 }
 
 int main(int argc, char **argv)
@@ -60,6 +64,8 @@ int main(int argc, char **argv)
 			count++;
 		}
 	}
+	if (fuzz_replay_done && fuzz_replay_done() != 0)
+		bad++;
 	printf("%s: replayed %d inputs\n", argv[0], count);
 	return bad ? 1 : 0;
 }
