@@ -29,10 +29,6 @@ void relay_forward(struct session *s, struct leg *from, size_t len)
 	struct evbuffer *in = transport_input(from->tr);
 	struct evbuffer *out = session_out(s, from->dir);
 
-	if (from->dir == DIR_TO_BROKER)
-		STATS_ADD(&s->w->stats, bytes_to_broker, len);
-	else
-		STATS_ADD(&s->w->stats, bytes_to_client, len);
 	if (out)
 		evbuffer_remove_buffer(in, out, len);
 	else

@@ -316,6 +316,11 @@ void session_leg_setup(struct session *s, struct leg *l, struct transport *tr,
 	l->s = s;
 	l->dir = dir;
 	transport_setcb(tr, session_read_cb, session_write_cb, session_event_cb, l);
+	/* Every byte written to a side counts, whatever wrote it: frames
+	 * relayed, messages the pipeline rewrote or rehydrated, the proxy's
+	 * own frames. */
+	transport_count_sent(tr, dir == DIR_TO_BROKER ? &s->w->stats.bytes_to_client
+						      : &s->w->stats.bytes_to_broker);
 	transport_set_read_high(tr, (size_t)worker_settings.buffer_limit);
 	transport_set_write_low(tr, (size_t)worker_settings.buffer_limit / 2);
 }

@@ -36,9 +36,9 @@
 	X(frames_to_client, "acemq_proxy_frames_total", "direction=\"to_client\"",           \
 	  "frames forwarded, by direction")                                                  \
 	X(bytes_to_broker, "acemq_proxy_bytes_total", "direction=\"to_broker\"",             \
-	  "bytes forwarded, by direction")                                                   \
+	  "bytes written to each side, by direction")                                        \
 	X(bytes_to_client, "acemq_proxy_bytes_total", "direction=\"to_client\"",             \
-	  "bytes forwarded, by direction")                                                   \
+	  "bytes written to each side, by direction")                                        \
 	X(messages_assembled, "acemq_proxy_messages_assembled_total", "",                    \
 	  "messages assembled for a hook")                                                   \
 	X(messages_swallowed, "acemq_proxy_messages_swallowed_total", "",                    \

@@ -40,8 +40,9 @@ struct transport {
 	unsigned handshaking : 1;      /* TLS: the handshake is not done */
 	unsigned write_wants_read : 1; /* TLS: a write waits for input */
 	uint64_t bytes_in, bytes_out;
-	SSL *ssl;          /* NULL: plain TCP */
-	char tls_err[160]; /* why the TLS session failed */
+	uint64_t *sent_counter; /* the owner's, bumped by what is written (or NULL) */
+	SSL *ssl;               /* NULL: plain TCP */
+	char tls_err[160];      /* why the TLS session failed */
 	/* A pipe (no socket): its peer is code in this process. */
 	const struct transport_pipe_ops *pipe;
 	void *pipe_arg;
@@ -49,6 +50,18 @@ struct transport {
 	int pipe_end_err;
 	unsigned pipe_gave : 1; /* input was handed over after the end */
 };
+
+/* n bytes were written: counted for transport_bytes and the owner. The
+ * counter has one writer, this thread (a relaxed add: another thread may
+ * read it whole). */
+static void transport_sent(struct transport *t, uint64_t n)
+{
+	t->bytes_out += n;
+	if (t->sent_counter)
+		__atomic_store_n(t->sent_counter,
+				 __atomic_load_n(t->sent_counter, __ATOMIC_RELAXED) + n,
+				 __ATOMIC_RELAXED);
+}
 
 static void transport_ready(struct transport *t);
 static void transport_write(struct transport *t);
@@ -338,7 +351,7 @@ static int transport_write_tls(struct transport *t)
 		if (n > 0) {
 			ACEMQ_ASSERT((size_t)n <= v.iov_len);
 			evbuffer_drain(t->out, (size_t)n);
-			t->bytes_out += (uint64_t)n;
+			transport_sent(t, (uint64_t)n);
 			continue;
 		}
 		e = SSL_get_error(t->ssl, n);
@@ -375,7 +388,7 @@ static void transport_write(struct transport *t)
 		}
 		if (n == 0)
 			break;
-		t->bytes_out += (uint64_t)n;
+		transport_sent(t, (uint64_t)n);
 	}
 	if (evbuffer_get_length(t->out) > 0 && !t->write_wants_read) {
 		if (!t->write_waiting) {
@@ -632,6 +645,11 @@ const char *transport_error(const struct transport *t, int err)
 	return t->tls_err[0] ? t->tls_err : strerror(err);
 }
 
+void transport_count_sent(struct transport *t, uint64_t *counter)
+{
+	t->sent_counter = counter;
+}
+
 void transport_bytes(const struct transport *t, uint64_t *in, uint64_t *out)
 {
 	*in = t->bytes_in;
@@ -755,5 +773,5 @@ void *transport_pipe_peer(const struct transport *t, const struct transport_pipe
 void transport_pipe_count(struct transport *t, uint64_t in, uint64_t out)
 {
 	t->bytes_in += in;
-	t->bytes_out += out;
+	transport_sent(t, out);
 }

@@ -56,6 +56,9 @@ void transport_setcb(struct transport *t, transport_cb read, transport_cb draine
 struct evbuffer *transport_input(struct transport *t);
 /* Bytes read from and written to the socket so far. */
 void transport_bytes(const struct transport *t, uint64_t *in, uint64_t *out);
+/* Add every byte written from now on to *counter too (a statistic of the
+ * owner's, on this thread; NULL: none). */
+void transport_count_sent(struct transport *t, uint64_t *counter);
 struct evbuffer *transport_output(struct transport *t);
 evutil_socket_t transport_fd(struct transport *t);
 

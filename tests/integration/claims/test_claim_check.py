@@ -563,3 +563,39 @@ def test_client_vanishing_mid_rehydration(proxy):
     print("proxy anonymous RSS grew %d kB over five vanished consumers" % grown)
     if not SANITIZED:
         assert grown < 24 * 1024
+
+
+def test_bytes_counted_as_written_to_each_side(vhosts, dirs):
+    """acemq_proxy_bytes_total counts what the proxy writes to each side,
+    not only the frames it relays unchanged: a 4 MiB body offloaded on the
+    way in reaches the broker as a key (bytes_to_broker grows by far less
+    than the body) and is rehydrated on the way out (bytes_to_client grows
+    by at least the body)."""
+    import json
+    import urllib.request
+    admin = __import__("conftest").free_port()
+    p = Proxy(dirs["rules"], os.path.join(dirs["top"], "data-bytes"),
+              ["--admin", "127.0.0.1:%d" % admin])
+
+    def stats():
+        with urllib.request.urlopen("http://127.0.0.1:%d/stats" % admin, timeout=5) as r:
+            s = json.loads(r.read())
+        return s["bytes_to_broker"], s["bytes_to_client"]
+
+    body = os.urandom(4 << 20)
+    q = qname()
+    try:
+        with p.connect() as c:
+            ch = declare(c, q)
+            ch.confirm_delivery()
+            b0, c0 = stats()
+            ch.basic_publish("", q, body)
+            b1, c1 = stats()
+            assert 0 < b1 - b0 < 64 * 1024, (b0, b1)
+            assert get_one(ch, q)[2] == body
+            ch.queue_delete(q)
+        time.sleep(0.2)
+        b2, c2 = stats()
+        assert c2 - c1 >= len(body), (c1, c2)
+    finally:
+        assert p.stop() == 0, p.stderr()[-3000:]
