@@ -354,20 +354,20 @@ static void state_grow(struct state *st)
 	    mdb_env_stat(st->env, &stat) != 0)
 		return;
 	used = (off_t)(info.me_last_pgno + 1) * (off_t)stat.ms_psize;
-	if (st->file_end - used >= STATE_GROW_AHEAD / 2)
+	if (st->file_end - used >= STATE_GROW_AHEAD / 2 ||
+	    (uint64_t)st->file_end >= (uint64_t)info.me_mapsize)
 		return;
-	if (mdb_env_get_fd(st->env, &fd) != 0 || (zeros = calloc(1, STATE_GROW_CHUNK)) == NULL)
+	if (mdb_env_get_fd(st->env, &fd) != 0 || mdb_txn_begin(st->env, NULL, 0, &txn) != 0)
 		return;
-	if (mdb_txn_begin(st->env, NULL, 0, &txn) != 0) {
-		free(zeros);
-		return;
-	}
+	zeros = NULL;
 	if (mdb_env_info(st->env, &info) == 0 && fstat(fd, &sb) == 0) {
 		used = (off_t)(info.me_last_pgno + 1) * (off_t)stat.ms_psize;
 		want = used + STATE_GROW_AHEAD;
 		if ((uint64_t)want > (uint64_t)info.me_mapsize)
 			want = (off_t)info.me_mapsize;
 		st->file_end = sb.st_size;
+		if (st->file_end < want && (zeros = calloc(1, STATE_GROW_CHUNK)) == NULL)
+			want = st->file_end;
 		while (st->file_end < want) {
 			size_t n = (size_t)(want - st->file_end);
 			ssize_t put =
