@@ -40,7 +40,7 @@ struct state {
 	pthread_cond_t cond;
 	struct state_write *head, **tail;
 	int stop;
-	int busy;            /* the writer has writes taken but not yet posted */
+	int busy;            /* the writer has writes taken but not yet handed on */
 	pthread_cond_t idle; /* busy cleared with nothing queued (tests) */
 	/* Committed writes waiting for the sync that covers them: the writer
 	 * appends a batch once its transaction has committed, the sync thread
@@ -374,6 +374,8 @@ static void state_grow(struct state *st)
 			    pwrite(fd, zeros, n < STATE_GROW_CHUNK ? n : STATE_GROW_CHUNK,
 				   st->file_end);
 
+			if (put < 0 && errno == EINTR)
+				continue;
 			if (put <= 0) {
 				log_warning("state: cannot grow the data file ahead: %s",
 					    put < 0 ? strerror(errno) : "short write");
@@ -848,6 +850,8 @@ void state_counters(struct state *st, struct state_counters *out)
 
 void state_test_settle(struct state *st)
 {
+	/* Pipelined, the sync thread posts after the writer is idle. */
+	ACEMQ_ASSERT(st->sync != STATE_SYNC_PIPELINED);
 	pthread_mutex_lock(&st->lock);
 	while ((st->head != NULL || st->busy) && !st->stop)
 		pthread_cond_wait(&st->idle, &st->lock);

@@ -9,7 +9,8 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 /* A target may check each input after it ran (what a seed must reach),
- * and the whole replay at its end: non-zero fails the replay. */
+ * and a corpus's replay at its end: non-zero fails the replay. The names
+ * are this driver's, the same for every target that defines them. */
 int fuzz_replayed(const char *path) __attribute__((weak));
 int fuzz_replay_done(void) __attribute__((weak));
 
@@ -64,7 +65,8 @@ int main(int argc, char **argv)
 			count++;
 		}
 	}
-	if (fuzz_replay_done && fuzz_replay_done() != 0)
+	/* A corpus, not one file (a crash being looked at). */
+	if (count > 1 && fuzz_replay_done && fuzz_replay_done() != 0)
 		bad++;
 	printf("%s: replayed %d inputs\n", argv[0], count);
 	return bad ? 1 : 0;

@@ -225,6 +225,27 @@ START_TEST(test_data_file_grown_ahead)
 	}
 	ck_assert_uint_gt(c.used_bytes, 6u << 20); /* it grew past the first step */
 	state_close(st);
+	{
+		/* Past the pages in use: zeros, nothing else. */
+		char path[128], *rest;
+		off_t len = data_file_size() - (off_t)c.used_bytes;
+		FILE *f;
+		off_t k;
+
+		snprintf(path, sizeof(path), "%s/data.mdb", tdir);
+		ck_assert_int_gt(len, 0);
+		rest = malloc((size_t)len);
+		f = fopen(path, "rb");
+		ck_assert_ptr_nonnull(rest);
+		ck_assert_ptr_nonnull(f);
+		ck_assert_int_eq(fseeko(f, (off_t)c.used_bytes, SEEK_SET), 0);
+		ck_assert_uint_eq(fread(rest, 1, (size_t)len, f), (size_t)len);
+		for (k = 0; k < len; k++)
+			ck_assert_msg(rest[k] == 0, "byte %lld past the pages in use",
+				      (long long)k);
+		fclose(f);
+		free(rest);
+	}
 
 	st = open_state_sync(64 << 20, STATE_SYNC_SERIAL);
 	for (i = 0; i < 6000; i += 599) {
