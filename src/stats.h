@@ -144,10 +144,13 @@ struct stats {
  * admin thread: a relaxed load and store (a plain add on the common
  * machines, no locked instruction) that never tears a value. A counter
  * another thread bumps too (the listener's refusals) uses an atomic add. */
-#define STATS_ADD(st, name, n)                                                              \
-	__atomic_store_n(&(st)->name, __atomic_load_n(&(st)->name, __ATOMIC_RELAXED) + (n), \
-			 __ATOMIC_RELAXED)
-#define STATS_INC(st, name) STATS_ADD(st, name, 1)
+static inline void stats_add(uint64_t *counter, uint64_t n)
+{
+	__atomic_store_n(counter, __atomic_load_n(counter, __ATOMIC_RELAXED) + n,
+			 __ATOMIC_RELAXED);
+}
+#define STATS_ADD(st, name, n) stats_add(&(st)->name, (uint64_t)(n))
+#define STATS_INC(st, name)    STATS_ADD(st, name, 1)
 
 /* On the worker that owns st. */
 static inline void stats_msg_time(struct stats *st, uint64_t us)

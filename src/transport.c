@@ -5,6 +5,7 @@
 #include "transport.h"
 
 #include "debug.h"
+#include "stats.h"
 
 #include <errno.h>
 #include <event2/buffer.h>
@@ -51,16 +52,13 @@ struct transport {
 	unsigned pipe_gave : 1; /* input was handed over after the end */
 };
 
-/* n bytes were written: counted for transport_bytes and the owner. The
- * counter has one writer, this thread (a relaxed add: another thread may
- * read it whole). */
+/* n bytes were written: counted for transport_bytes and the owner (a
+ * worker's statistic: this thread is its one writer). */
 static void transport_sent(struct transport *t, uint64_t n)
 {
 	t->bytes_out += n;
 	if (t->sent_counter)
-		__atomic_store_n(t->sent_counter,
-				 __atomic_load_n(t->sent_counter, __ATOMIC_RELAXED) + n,
-				 __ATOMIC_RELAXED);
+		stats_add(t->sent_counter, n);
 }
 
 static void transport_ready(struct transport *t);
